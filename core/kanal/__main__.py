@@ -1,0 +1,3 @@
+from kanal.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,132 @@
+"""The ``kanal`` command: run (production), dev (embedded broker), version."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import signal
+import sys
+from collections.abc import Sequence
+
+import trio
+
+from kanal import __version__
+from kanal.config.errors import ConfigError
+from kanal.config.loader import load_settings
+from kanal.config.settings import Settings
+from kanal.gateway import Gateway, Listening
+from kanal.logs import configure_logging
+from kanal.pipeline.interceptor import InterceptorConfigError
+from kanal.pipeline.registry import PluginError, PluginRegistry
+
+
+def _registry() -> PluginRegistry:
+    registry = PluginRegistry()
+    registry.load_entry_points()
+    return registry
+
+
+async def serve(settings: Settings, registry: PluginRegistry, banner: str = "") -> None:
+    """Runs a gateway until SIGINT or SIGTERM, then shuts it down gracefully."""
+    gateway = Gateway(settings, registry)
+    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        async with trio.open_nursery() as nursery:
+            listening: Listening = await nursery.start(gateway.run)
+            print(
+                f"Kanal {__version__} ready: clients bootstrap at {listening.bootstrap} "
+                f"(ports {listening.first_port}-{listening.last_port} for brokers {listening.min_broker_id}+), "
+                f"upstream {listening.upstream}{banner}",
+                flush=True,
+            )
+            async for _ in signals:
+                print("Kanal: stopping (draining in-flight requests)", flush=True)
+                gateway.shutdown()
+                break
+
+
+def _run(args: argparse.Namespace) -> int:
+    try:
+        settings = load_settings(args.config)
+        configure_logging(settings.log_format, settings.log_level)
+        registry = _registry()
+        trio.run(serve, settings, registry)
+    except (ConfigError, InterceptorConfigError, PluginError) as exc:
+        print(f"kanal: configuration error: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:
+        print(f"kanal: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _dev_port_start() -> int:
+    """6969 like production when 6969-6971 are free, else any free block of three ports."""
+    import socket
+
+    from kanal.embedded.tansu import free_port_block
+
+    try:
+        for port in (6969, 6970, 6971):
+            with socket.socket() as probe:
+                probe.bind(("127.0.0.1", port))
+        return 6969
+    except OSError:
+        return free_port_block(3)
+
+
+def _dev(args: argparse.Namespace) -> int:
+    from kanal.embedded.tansu import TansuBroker
+
+    env = dict(os.environ)
+    try:
+        with TansuBroker() as broker:
+            env.setdefault("KAFKA_BOOTSTRAP_SERVERS", broker.bootstrap)
+            env.setdefault("GATEWAY_BIND_HOST", "127.0.0.1")
+            env.setdefault("GATEWAY_ADVERTISED_HOST", "127.0.0.1")
+            env.setdefault("GATEWAY_MIN_BROKERID", str(broker.node_id))
+            env.setdefault("GATEWAY_PORT_COUNT", "3")
+            env.setdefault("GATEWAY_PORT_START", str(_dev_port_start()))
+            settings = load_settings(args.config, env)
+            configure_logging(settings.log_format, settings.log_level)
+            print(f"Kanal dev: embedded Tansu broker at {broker.bootstrap}", flush=True)
+            trio.run(serve, settings, _registry(), " (embedded Tansu; Ctrl-C stops both)")
+    except (ConfigError, InterceptorConfigError, PluginError) as exc:
+        print(f"kanal: configuration error: {exc}", file=sys.stderr)
+        return 2
+    except (OSError, RuntimeError) as exc:
+        print(f"kanal dev: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _version(args: argparse.Namespace) -> int:
+    print(f"kanal {__version__}")
+    return 0
+
+
+# Modules that add subcommands: each defines ``add_commands(subparsers)``; a command's handler
+# takes the parsed arguments and returns the exit code.
+COMMAND_MODULES: tuple[str, ...] = ()
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="kanal", description="Kanal, an open Kafka gateway.")
+    commands = parser.add_subparsers(dest="command", required=True)
+    run = commands.add_parser("run", help="run the gateway (configured by GATEWAY_*/KAFKA_* variables)")
+    run.add_argument("--config", "-c", help="YAML config file (environment variables take precedence)")
+    run.set_defaults(func=_run)
+    dev = commands.add_parser("dev", help="run an embedded Tansu broker with a gateway in front of it")
+    dev.add_argument("--config", "-c", help="YAML config file")
+    dev.set_defaults(func=_dev)
+    version = commands.add_parser("version", help="print the version")
+    version.set_defaults(func=_version)
+    for module in COMMAND_MODULES:
+        importlib.import_module(module).add_commands(commands)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    code: int = args.func(args)
+    return code

@@ -1,0 +1,1 @@
+"""Gateway configuration: environment variables, an optional YAML file, validation."""

@@ -1,0 +1,247 @@
+"""The gateway's settings: one table of every ``GATEWAY_*`` variable, parsed and validated.
+
+Environment variables win over the YAML file. Every error names the variable (or YAML path) at
+fault, so a broken config fails at startup, not at the first client.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from difflib import get_close_matches
+from typing import Any
+
+from kanal.config.errors import ConfigError
+from kanal.config.upstream import UpstreamSettings, parse_upstream
+from kanal.pipeline.interceptor import InterceptorSpec, Scope
+from kanal.protocol.framing import DEFAULT_MAX_FRAME_SIZE
+
+GATEWAY_PREFIX = "GATEWAY_"
+FEATURE_FLAG_PREFIX = "GATEWAY_FEATURE_FLAGS_"
+# Variable families read by other parts of the gateway or by plugins.
+RESERVED_PREFIXES = (FEATURE_FLAG_PREFIX, "GATEWAY_EXTERNAL_CONNECTION_", "GATEWAY_ADMIN_API_")
+
+_BOOL = {"true": True, "1": True, "yes": True, "on": True, "false": False, "0": False, "no": False, "off": False}
+
+
+def _int(lo: int, hi: int) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise ValueError(f"expected an integer, got {text!r}") from None
+        if not lo <= value <= hi:
+            raise ValueError(f"must be between {lo} and {hi}, got {value}")
+        return value
+
+    return parse
+
+
+def _choice(*choices: str) -> Callable[[str], str]:
+    def parse(text: str) -> str:
+        value = text.strip().lower()
+        if value not in choices:
+            raise ValueError(f"expected one of {', '.join(choices)}, got {text!r}")
+        return value
+
+    return parse
+
+
+def parse_bool(text: str) -> bool:
+    try:
+        return _BOOL[text.strip().lower()]
+    except KeyError:
+        raise ValueError(f"expected true or false, got {text!r}") from None
+
+
+def _str(text: str) -> str:
+    if not text.strip():
+        raise ValueError("must not be empty")
+    return text.strip()
+
+
+@dataclass(frozen=True)
+class Option:
+    """One ``GATEWAY_*`` setting: its attribute, parser, default and meaning (for the docs)."""
+
+    env: str
+    attr: str
+    parse: Callable[[str], Any]
+    default: Any
+    doc: str
+
+
+OPTIONS: tuple[Option, ...] = (
+    Option("GATEWAY_PORT_START", "port_start", _int(1, 65535), 6969, "First client port; port N serves broker MIN_BROKERID + (N - PORT_START)."),
+    Option("GATEWAY_PORT_COUNT", "port_count", _int(1, 10000), None, "Number of client ports (default: broker id span + 3)."),
+    Option("GATEWAY_MIN_BROKERID", "min_broker_id", _int(0, 2**31 - 1), None, "Broker id served on the first port (default: the smallest upstream broker id)."),
+    Option("GATEWAY_BIND_HOST", "bind_host", _str, "0.0.0.0", "Interface the client ports listen on."),
+    Option("GATEWAY_ADVERTISED_HOST", "advertised_host", _str, None, "Host announced to clients in broker addresses (default: the bind host, or this machine's name when binding all interfaces)."),
+    Option("GATEWAY_HTTP_PORT", "http_port", _int(0, 65535), 8888, "Admin API, health and metrics port."),
+    Option("GATEWAY_CLUSTER_ID", "cluster_id", _str, "gateway", "Name of this gateway cluster (names its state topics)."),
+    Option("GATEWAY_MAX_FRAME_SIZE", "max_frame_size", _int(1024, 2**31 - 1), DEFAULT_MAX_FRAME_SIZE, "Largest Kafka frame accepted from a client or the upstream, in bytes."),
+    Option("GATEWAY_MAX_IN_FLIGHT_REQUESTS", "max_in_flight", _int(1, 100000), 1000, "Requests a client may have in flight before the gateway stops reading from it."),
+    Option("GATEWAY_UPSTREAM_CONNECT_TIMEOUT_MS", "upstream_connect_timeout_ms", _int(1, 3600000), 10000, "Timeout to connect and authenticate to an upstream broker."),
+    Option("GATEWAY_SHUTDOWN_TIMEOUT_MS", "shutdown_timeout_ms", _int(0, 3600000), 10000, "How long shutdown waits for in-flight requests to be answered."),
+    Option("GATEWAY_LOG_FORMAT", "log_format", _choice("text", "json"), "text", "text (human readable) or json (one object per line)."),
+    Option("GATEWAY_LOG_LEVEL", "log_level", _choice("debug", "info", "warning", "error"), "info", "Log level."),
+    Option("GATEWAY_SECURITY_PROTOCOL", "security_protocol", _choice("plaintext", "ssl"), "plaintext", "Client listener protocol: PLAINTEXT or SSL."),
+    Option("GATEWAY_SSL_CERTIFICATE_LOCATION", "ssl_certificate_location", _str, None, "PEM certificate (chain) of the client listener."),
+    Option("GATEWAY_SSL_KEY_LOCATION", "ssl_key_location", _str, None, "PEM private key of the client listener."),
+    Option("GATEWAY_SSL_KEY_PASSWORD", "ssl_key_password", str, None, "Password of the private key, if encrypted."),
+    Option("GATEWAY_SSL_CA_LOCATION", "ssl_ca_location", _str, None, "PEM CA bundle used to verify client certificates."),
+    Option("GATEWAY_SSL_CLIENT_AUTH", "ssl_client_auth", _choice("none", "requested", "required"), "none", "Client certificate authentication: NONE, REQUESTED or REQUIRED."),
+)
+_BY_ENV = {o.env: o for o in OPTIONS}
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Everything the gateway needs to start, validated."""
+
+    port_start: int = 6969
+    port_count: int | None = None
+    min_broker_id: int | None = None
+    bind_host: str = "0.0.0.0"
+    advertised_host: str | None = None
+    http_port: int = 8888
+    cluster_id: str = "gateway"
+    max_frame_size: int = DEFAULT_MAX_FRAME_SIZE
+    max_in_flight: int = 1000
+    upstream_connect_timeout_ms: int = 10000
+    shutdown_timeout_ms: int = 10000
+    log_format: str = "text"
+    log_level: str = "info"
+    security_protocol: str = "plaintext"
+    ssl_certificate_location: str | None = None
+    ssl_key_location: str | None = None
+    ssl_key_password: str | None = None
+    ssl_ca_location: str | None = None
+    ssl_client_auth: str = "none"
+    feature_flags: Mapping[str, bool] = field(default_factory=dict)
+    upstream: UpstreamSettings = field(default_factory=UpstreamSettings)
+    interceptors: tuple[InterceptorSpec, ...] = ()
+
+    def feature(self, name: str, default: bool = False) -> bool:
+        """A ``GATEWAY_FEATURE_FLAGS_<NAME>`` flag (name in any case, without the prefix)."""
+        return self.feature_flags.get(name.upper(), default)
+
+
+def _yaml_key_to_env(key: str) -> str:
+    snake = re.sub(r"([a-z0-9])([A-Z])", r"\1_\2", key)
+    return GATEWAY_PREFIX + re.sub(r"[^A-Za-z0-9]", "_", snake).upper()
+
+
+def _check_mapping(value: Any, where: str) -> Mapping[str, Any]:
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise ConfigError(where, f"expected a mapping, got {type(value).__name__}")
+    return value
+
+
+def gateway_values(env: Mapping[str, str], file_section: Any) -> dict[str, tuple[str, str]]:
+    """Raw ``GATEWAY_*`` values by variable name, from the file then the environment; each with
+    the key to name in errors."""
+    values: dict[str, tuple[str, str]] = {}
+    for key, value in _check_mapping(file_section, "gateway").items():
+        name = _yaml_key_to_env(str(key))
+        if name.startswith(FEATURE_FLAG_PREFIX) or name in _BY_ENV:
+            values[name] = ("" if value is None else str(value).lower() if isinstance(value, bool) else str(value), f"gateway.{key}")
+        else:
+            raise ConfigError(f"gateway.{key}", _unknown_hint(name))
+    for name, value in env.items():
+        if name.startswith(GATEWAY_PREFIX):
+            values[name] = (value, name)
+    return values
+
+
+def _unknown_hint(name: str) -> str:
+    close = get_close_matches(name, list(_BY_ENV), n=1)
+    return "unknown setting" + (f" (did you mean {close[0]}?)" if close else "")
+
+
+def parse_interceptors(items: Any) -> tuple[InterceptorSpec, ...]:
+    """Interceptor specs from the YAML ``interceptors`` list."""
+    if items is None:
+        return ()
+    if not isinstance(items, list):
+        raise ConfigError("interceptors", "expected a list")
+    specs = []
+    for i, item in enumerate(items):
+        where = f"interceptors[{i}]"
+        item = _check_mapping(item, where)
+        unknown = set(item) - {"name", "plugin", "pluginClass", "priority", "scope", "config"}
+        if unknown:
+            raise ConfigError(f"{where}.{sorted(unknown)[0]}", "unknown key (expected name, plugin, priority, scope, config)")
+        name = item.get("name")
+        if not isinstance(name, str) or not name:
+            raise ConfigError(f"{where}.name", "required, a non-empty string")
+        plugin = item.get("plugin", item.get("pluginClass"))
+        if not isinstance(plugin, str) or not plugin:
+            raise ConfigError(f"{where}.plugin", "required, the name of an installed interceptor type")
+        priority = item.get("priority", 100)
+        if not isinstance(priority, int) or isinstance(priority, bool):
+            raise ConfigError(f"{where}.priority", f"expected an integer, got {priority!r}")
+        scope = _check_mapping(item.get("scope"), f"{where}.scope")
+        bad_scope = set(scope) - {"vCluster", "vcluster", "group", "username"}
+        if bad_scope:
+            raise ConfigError(f"{where}.scope.{sorted(bad_scope)[0]}", "unknown key (expected vCluster, group, username)")
+        if scope.get("group") is not None and scope.get("username") is not None:
+            raise ConfigError(f"{where}.scope", "group and username cannot both be set")
+        config = _check_mapping(item.get("config"), f"{where}.config")
+        specs.append(
+            InterceptorSpec(
+                name=name,
+                plugin=plugin,
+                priority=priority,
+                scope=Scope(scope.get("vCluster", scope.get("vcluster")), scope.get("group"), scope.get("username")),
+                config=dict(config),
+            )
+        )
+    return tuple(specs)
+
+
+def build_settings(env: Mapping[str, str], document: Mapping[str, Any] | None = None) -> Settings:
+    """Validated settings from the environment and an optional (already expanded) YAML document."""
+    doc = _check_mapping(document, "config file")
+    unknown_sections = set(doc) - {"gateway", "kafka", "interceptors"}
+    if unknown_sections:
+        raise ConfigError(sorted(unknown_sections)[0], "unknown section (expected gateway, kafka, interceptors)")
+    values: dict[str, Any] = {}
+    flags: dict[str, bool] = {}
+    for name, (raw, where) in gateway_values(env, doc.get("gateway")).items():
+        if name.startswith(FEATURE_FLAG_PREFIX):
+            try:
+                flags[name[len(FEATURE_FLAG_PREFIX):]] = parse_bool(raw)
+            except ValueError as exc:
+                raise ConfigError(where, str(exc)) from None
+            continue
+        option = _BY_ENV.get(name)
+        if option is None:
+            if not name.startswith(RESERVED_PREFIXES):
+                raise ConfigError(where, _unknown_hint(name))
+            continue
+        try:
+            values[option.attr] = option.parse(raw)
+        except ValueError as exc:
+            raise ConfigError(where, str(exc)) from None
+    settings = Settings(
+        **values,
+        feature_flags=flags,
+        upstream=parse_upstream(env, _check_mapping(doc.get("kafka"), "kafka")),
+        interceptors=parse_interceptors(doc.get("interceptors")),
+    )
+    _check_tls(settings)
+    return settings
+
+
+def _check_tls(settings: Settings) -> None:
+    if settings.security_protocol == "ssl":
+        for attr, env in (("ssl_certificate_location", "GATEWAY_SSL_CERTIFICATE_LOCATION"),
+                          ("ssl_key_location", "GATEWAY_SSL_KEY_LOCATION")):
+            if not getattr(settings, attr):
+                raise ConfigError(env, "required when GATEWAY_SECURITY_PROTOCOL is SSL")
+    if settings.ssl_client_auth != "none" and not settings.ssl_ca_location:
+        raise ConfigError("GATEWAY_SSL_CA_LOCATION", "required when GATEWAY_SSL_CLIENT_AUTH is set")

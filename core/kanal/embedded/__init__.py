@@ -1,0 +1,42 @@
+"""Child processes Kanal starts for development and tests: a Tansu broker and the gateway itself.
+
+``kanal dev`` and the test-suite share these launchers::
+
+    from kanal.embedded import GatewayProcess, TansuBroker, free_port, free_port_block
+
+    with TansuBroker() as broker:
+        env = {
+            "KAFKA_BOOTSTRAP_SERVERS": broker.bootstrap,
+            "GATEWAY_PORT_START": str(free_port_block(3)),
+            "GATEWAY_PORT_COUNT": "3",
+            "GATEWAY_MIN_BROKERID": str(broker.node_id),
+        }
+        with GatewayProcess(env) as gateway:
+            ...  # clients connect to gateway.bootstrap
+"""
+
+from kanal.embedded.gateway_process import READY_PATTERN, GatewayProcess, gateway_env
+from kanal.embedded.tansu import (
+    TANSU_NODE_ID,
+    EmbeddedProcessError,
+    ProcessOutput,
+    TansuBroker,
+    find_tansu_binary,
+    free_port,
+    free_port_block,
+    probe_kafka,
+)
+
+__all__ = [
+    "READY_PATTERN",
+    "TANSU_NODE_ID",
+    "EmbeddedProcessError",
+    "GatewayProcess",
+    "ProcessOutput",
+    "TansuBroker",
+    "find_tansu_binary",
+    "free_port",
+    "free_port_block",
+    "gateway_env",
+    "probe_kafka",
+]

@@ -1,0 +1,212 @@
+"""The gateway: listeners, upstream discovery, shared state, and graceful shutdown."""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import socket
+import uuid
+from dataclasses import dataclass
+
+import trio
+
+from kanal.config.settings import Settings
+from kanal.metrics import GatewayMetrics
+from kanal.net.channel import KafkaChannel
+from kanal.net.connection import ClientConnection, FrameTap
+from kanal.net.tls import server_context, upstream_context
+from kanal.net.upstream import ControlClient, UpstreamError, open_upstream
+from kanal.pipeline.chain import Pipeline
+from kanal.pipeline.context import Connection
+from kanal.pipeline.registry import PluginRegistry
+from kanal.protocol.api import ApiKey
+from kanal.protocol.rewrite import Address
+from kanal.protocol.topic_names import TopicNames
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Listening:
+    """What the gateway serves, once it is ready."""
+
+    bootstrap: str
+    first_port: int
+    last_port: int
+    min_broker_id: int
+    upstream: str
+
+
+def _host_port(stream: trio.abc.Stream) -> tuple[str, int, str, int]:
+    """(peer host, peer port, local host, local port) of an accepted stream."""
+    inner = stream.transport_stream if isinstance(stream, trio.SSLStream) else stream
+    assert isinstance(inner, trio.SocketStream)
+    peer = inner.socket.getpeername()
+    local = inner.socket.getsockname()
+    return str(peer[0]), int(peer[1]), str(local[0]), int(local[1])
+
+
+class Gateway:
+    """One gateway node in front of one Kafka cluster."""
+
+    def __init__(self, settings: Settings, registry: PluginRegistry) -> None:
+        self.settings = settings
+        self.registry = registry
+        self.pipeline = Pipeline(registry)
+        self.pipeline.configure(settings.interceptors)
+        self.metrics = GatewayMetrics()
+        self.topic_names = TopicNames()
+        self.brokers: dict[int, Address] = {}
+        self.min_broker_id = settings.min_broker_id
+        self.port_count = settings.port_count
+        self.advertised_host = settings.advertised_host or (
+            socket.gethostname() if settings.bind_host in ("0.0.0.0", "::") else settings.bind_host
+        )
+        timeout = settings.upstream_connect_timeout_ms / 1000
+        self.control = ControlClient(settings.upstream, timeout, settings.max_frame_size)
+        self._upstream_tls = upstream_context(settings.upstream)
+        self._bootstrap = itertools.cycle(settings.upstream.bootstrap_servers)
+        self._connection_ids = itertools.count(1)
+        self.connections: set[ClientConnection] = set()
+        self._idle = trio.Event()
+        self._idle.set()
+        self._serve_scope = trio.CancelScope()
+        self._stopping = False
+        self._unmapped_warned: set[int] = set()
+        self.tap: FrameTap | None = None
+
+    # -- addresses -----------------------------------------------------------------------------
+
+    def advertised_address(self, node_id: int) -> Address | None:
+        """The gateway address that stands for an upstream broker, or None outside the port range."""
+        assert self.min_broker_id is not None and self.port_count is not None
+        index = node_id - self.min_broker_id
+        if 0 <= index < self.port_count:
+            return self.advertised_host, self.settings.port_start + index
+        if node_id not in self._unmapped_warned:
+            self._unmapped_warned.add(node_id)
+            log.error("broker %d is outside the gateway's port range (GATEWAY_MIN_BROKERID=%d, GATEWAY_PORT_COUNT=%d);"
+                      " clients will not reach it through the gateway", node_id, self.min_broker_id, self.port_count)
+        return None
+
+    def node_for_port(self, port: int) -> int:
+        assert self.min_broker_id is not None
+        return self.min_broker_id + port - self.settings.port_start
+
+    def learn_brokers(self, brokers: dict[int, Address]) -> None:
+        """Records upstream broker addresses announced in Metadata or DescribeCluster."""
+        for node_id, address in brokers.items():
+            if self.brokers.get(node_id) != address:
+                log.info("upstream broker %d is at %s:%d", node_id, *address)
+                self.brokers[node_id] = address
+
+    async def connect_upstream(self, node_id: int) -> KafkaChannel:
+        """A channel to the broker a client port stands for (a bootstrap server while unknown)."""
+        address = self.brokers.get(node_id) or next(self._bootstrap)
+        return await open_upstream(address, self.settings.upstream, self.settings.upstream_connect_timeout_ms / 1000,
+                                   self.settings.max_frame_size, self._upstream_tls)
+
+    async def topic_name(self, topic_id: uuid.UUID) -> str:
+        """The name of a topic id, asking the cluster on a cache miss; the id itself if unknown."""
+        name = self.topic_names.name(topic_id)
+        if name is None:
+            try:
+                self.topic_names.learn(ApiKey.METADATA, await self.control.metadata())
+            except UpstreamError as exc:
+                log.warning("cannot resolve topic id %s: %s", topic_id, exc)
+            name = self.topic_names.name(topic_id)
+        return name if name is not None else str(topic_id)
+
+    # -- running -------------------------------------------------------------------------------
+
+    async def discover(self) -> None:
+        """Waits until the upstream answers Metadata, and derives the port mapping from it."""
+        delay = 0.2
+        while True:
+            try:
+                metadata = await self.control.metadata()
+                break
+            except UpstreamError as exc:
+                log.warning("waiting for the upstream cluster: %s", exc)
+                await trio.sleep(delay)
+                delay = min(delay * 2, 5.0)
+        self.topic_names.learn(ApiKey.METADATA, metadata)
+        self.learn_brokers({int(b.node_id): (str(b.host), int(b.port)) for b in metadata.brokers})
+        ids = sorted(self.brokers) or [0]
+        if self.min_broker_id is None:
+            self.min_broker_id = ids[0]
+        if self.port_count is None:
+            self.port_count = ids[-1] - self.min_broker_id + 3
+        for node_id in ids:
+            self.advertised_address(node_id)  # warns now about brokers that no port serves
+
+    async def run(self, *, task_status: trio.TaskStatus[Listening] = trio.TASK_STATUS_IGNORED) -> None:
+        """Serves until :meth:`shutdown` completes."""
+        await self.discover()
+        assert self.port_count is not None and self.min_broker_id is not None
+        settings = self.settings
+        ports = range(settings.port_start, settings.port_start + self.port_count)
+        listeners: list[trio.abc.Listener[trio.abc.Stream]] = []
+        tls = server_context(settings)
+        try:
+            for port in ports:
+                for listener in await trio.open_tcp_listeners(port, host=settings.bind_host):
+                    listeners.append(trio.SSLListener(listener, tls) if tls is not None else listener)
+        except OSError as exc:
+            for listener in listeners:
+                await listener.aclose()
+            raise OSError(exc.errno, f"cannot listen on {settings.bind_host}:{ports[0]}-{ports[-1]}: {exc.strerror}"
+                          " (set GATEWAY_PORT_START / GATEWAY_BIND_HOST)") from exc
+        upstream = ",".join(f"{h}:{p}" for h, p in settings.upstream.bootstrap_servers)
+        async with trio.open_nursery() as nursery:
+            with self._serve_scope:
+                await nursery.start(trio.serve_listeners, self._handle, listeners)
+                task_status.started(Listening(f"{self.advertised_host}:{ports[0]}", ports[0], ports[-1],
+                                              self.min_broker_id, upstream))
+                await trio.sleep_forever()
+            # Shutdown: listeners are closed; let connections drain, then stop what is left.
+            with trio.move_on_after(settings.shutdown_timeout_ms / 1000):
+                await self._idle.wait()
+            if self.connections:
+                log.warning("shutdown timeout: closing %d connections with requests in flight", len(self.connections))
+            nursery.cancel_scope.cancel()
+        await self.control.aclose()
+
+    def shutdown(self) -> None:
+        """Stops accepting, stops reading new requests and lets in-flight ones finish."""
+        if self._stopping:
+            return
+        self._stopping = True
+        log.info("shutting down: draining %d client connections", len(self.connections))
+        self._serve_scope.cancel()
+        for connection in list(self.connections):
+            connection.drain()
+
+    async def _handle(self, stream: trio.abc.Stream) -> None:
+        try:
+            if isinstance(stream, trio.SSLStream):
+                await stream.do_handshake()
+            peer_host, peer_port, local_host, local_port = _host_port(stream)
+        except (trio.BrokenResourceError, OSError) as exc:
+            log.info("client connection failed before its first request: %s", exc)
+            await stream.aclose()
+            return
+        info = Connection(
+            id=next(self._connection_ids),
+            client_address=f"{peer_host}:{peer_port}",
+            listener_address=f"{local_host}:{local_port}",
+            node_id=self.node_for_port(local_port),
+        )
+        connection = ClientConnection(self, stream, info)
+        self.connections.add(connection)
+        self._idle = trio.Event() if len(self.connections) == 1 else self._idle
+        self.metrics.client_connections.inc()
+        try:
+            if self._stopping:
+                connection.drain()
+            await connection.run()
+        finally:
+            self.metrics.client_connections.dec()
+            self.connections.discard(connection)
+            if not self.connections:
+                self._idle.set()

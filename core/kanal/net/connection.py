@@ -1,0 +1,415 @@
+"""One client connection: requests in, through the chain, upstream; responses back, in order.
+
+Two tasks per connection. The reader takes frames from the client, runs request hooks and sends
+them upstream, queueing one entry per expected response. The writer takes entries in that same
+order and answers each one, either with the next upstream frame (a broker answers one connection
+in request order) or with a response the gateway built itself. So ordering is structural, and the
+bounded queue is the backpressure: a client that stops reading stops the writer, the queue fills
+and the reader stops reading from it.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import time
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any, Protocol
+
+import trio
+
+from kanal.net.channel import READ_SIZE, KafkaChannel, PeerClosed
+from kanal.pipeline.chain import ResolvedChain
+from kanal.pipeline.context import Connection, RecordsContext, RequestContext, ResponseContext
+from kanal.pipeline.results import Close, PartitionError, Reject, Respond
+from kanal.protocol.api import ApiKey, api_name, request_class, response_class
+from kanal.protocol.api_versions import intersect
+from kanal.protocol.entities import build, nested
+from kanal.protocol.error_responses import error_response
+from kanal.protocol.framing import FrameReader, FrameTooLarge, InvalidFrame
+from kanal.protocol.headers import (
+    InvalidHeader,
+    RequestHeader,
+    parse_request_header,
+    peek_request,
+    produce_acks,
+    response_correlation_id,
+    set_request_correlation_id,
+    set_response_correlation_id,
+)
+from kanal.protocol.messages import decode_request_body, decode_response, encode_request, encode_response
+from kanal.protocol.records import RecordSet
+from kanal.protocol.rewrite import broker_addresses, carries_addresses, rewrite_addresses
+
+if TYPE_CHECKING:
+    from kanal.gateway import Gateway
+
+log = logging.getLogger(__name__)
+
+# Responses the core itself must see: address rewriting, version negotiation, topic-id learning.
+_CORE_RESPONSES = frozenset({ApiKey.API_VERSIONS, ApiKey.METADATA, ApiKey.DESCRIBE_CLUSTER, ApiKey.FIND_COORDINATOR})
+
+
+class FrameTap(Protocol):
+    """Sees every frame a connection moves (for capture): ``direction`` is ``c2g`` (client to
+    gateway), ``g2u`` (gateway to upstream), ``u2g`` or ``g2c``. Frames are without length prefix
+    and must not be kept without copying."""
+
+    def __call__(self, connection: Connection, direction: str, frame: bytes | bytearray) -> None: ...
+
+
+class ProtocolViolation(Exception):
+    """The client or the upstream broke the protocol; the connection is closed."""
+
+
+@dataclass(slots=True)
+class Pending:
+    """One expected response, in request order."""
+
+    client_corr: int
+    api_key: int
+    api_version: int
+    client_id: str | None
+    upstream_corr: int = -1
+    local: bytearray | None = None
+    decode: bool = False
+    request: Any = None
+    partition_errors: list[tuple[str, Any, int, PartitionError]] = field(default_factory=list)
+    started: float = 0.0
+
+
+def _needs_response_decode(chain: ResolvedChain, api_key: int, version: int) -> bool:
+    return api_key in _CORE_RESPONSES or carries_addresses(api_key, version) or chain.decode_response(api_key)
+
+
+async def _run_hooks(hooks: list[Any], ctx: Any) -> Any:
+    """Calls hooks in order until one returns a result; awaits async ones."""
+    for hook in hooks:
+        result = hook(ctx)
+        if inspect.isawaitable(result):
+            result = await result
+        if result is not None:
+            return result
+    return None
+
+
+class ClientConnection:
+    """Owns one client stream and its upstream channel."""
+
+    def __init__(self, gateway: Gateway, stream: trio.abc.Stream, info: Connection) -> None:
+        self.gateway = gateway
+        self.client = stream
+        self.info = info
+        self.upstream: KafkaChannel | None = None
+        self._next_corr = 0
+        self._chain_version = -1
+        self._chain: ResolvedChain | None = None
+        self._read_scope = trio.CancelScope()
+        self._reader = FrameReader(gateway.settings.max_frame_size)
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    def drain(self) -> None:
+        """Stops reading new requests; in-flight ones are still answered."""
+        self._read_scope.cancel()
+
+    def chain(self) -> ResolvedChain:
+        pipeline = self.gateway.pipeline
+        if self._chain is None or self._chain_version != pipeline.version:
+            self._chain = pipeline.resolve(self.info.principal, self.info.groups, self.info.vcluster)
+            self._chain_version = pipeline.version
+        return self._chain
+
+    async def run(self) -> None:
+        gateway = self.gateway
+        try:
+            self.upstream = await gateway.connect_upstream(self.info.node_id)
+        except ConnectionError as exc:
+            log.warning("closing client %s: upstream unavailable: %s", self.info.client_address, exc)
+            gateway.metrics.upstream_error()
+            await self.client.aclose()
+            return
+        gateway.metrics.upstream_connections.inc()
+        chain = self.chain()
+        for hook in chain.opened:
+            await _maybe_await(hook(self.info))
+        send, receive = trio.open_memory_channel[Pending](gateway.settings.max_in_flight)
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._read_client, send, nursery.cancel_scope)
+                nursery.start_soon(self._write_client, receive, nursery.cancel_scope)
+        finally:
+            with trio.CancelScope(shield=True):
+                await self.client.aclose()
+                await self.upstream.aclose()
+                gateway.metrics.upstream_connections.dec()
+                for hook in self.chain().closed:
+                    try:
+                        await _maybe_await(hook(self.info))
+                    except Exception:
+                        log.exception("connection_closed hook failed")
+
+    async def _read_client(self, send: trio.MemorySendChannel[Pending], scope: trio.CancelScope) -> None:
+        async with send:
+            with self._read_scope:
+                try:
+                    while True:
+                        data = await self.client.receive_some(READ_SIZE)
+                        if not data:
+                            return
+                        for frame in self._reader.feed(data):
+                            if self.gateway.tap is not None:
+                                self.gateway.tap(self.info, "c2g", frame)
+                            await self._handle_request(frame, send)
+                except (FrameTooLarge, InvalidFrame, InvalidHeader, ProtocolViolation) as exc:
+                    log.warning("closing client %s: %s", self.info.client_address, exc)
+                    scope.cancel()
+                except (trio.BrokenResourceError, trio.ClosedResourceError):
+                    scope.cancel()
+                except Exception:
+                    log.exception("closing client %s: request handling failed", self.info.client_address)
+                    scope.cancel()
+
+    async def _write_client(self, receive: trio.MemoryReceiveChannel[Pending], scope: trio.CancelScope) -> None:
+        assert self.upstream is not None
+        metrics = self.gateway.metrics
+        try:
+            async with receive:
+                async for pending in receive:
+                    if pending.local is not None:
+                        out = pending.local
+                    else:
+                        frame = await self.upstream.receive_frame()
+                        if self.gateway.tap is not None:
+                            self.gateway.tap(self.info, "u2g", frame)
+                        corr = response_correlation_id(frame)
+                        if corr != pending.upstream_corr:
+                            raise ProtocolViolation(
+                                f"upstream answered correlation id {corr}, expected {pending.upstream_corr}"
+                            )
+                        out = await self._process_response(pending, frame)
+                        set_response_correlation_id(out, pending.client_corr)
+                    if self.gateway.tap is not None:
+                        self.gateway.tap(self.info, "g2c", out)
+                    await _send_frame(self.client, out)
+                    metrics.response(pending.api_key, len(out), time.perf_counter() - pending.started)
+        except PeerClosed:
+            log.info("upstream closed the connection of client %s", self.info.client_address)
+            metrics.upstream_error()
+            scope.cancel()
+        except (ProtocolViolation, FrameTooLarge, InvalidFrame) as exc:
+            log.warning("closing client %s: %s", self.info.client_address, exc)
+            scope.cancel()
+        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+            scope.cancel()
+        except Exception:
+            log.exception("closing client %s: response handling failed", self.info.client_address)
+            scope.cancel()
+
+    # -- requests ----------------------------------------------------------------------------
+
+    def _upstream_corr(self) -> int:
+        self._next_corr = (self._next_corr + 1) & 0x7FFFFFFF
+        return self._next_corr
+
+    async def _handle_request(self, frame: bytearray, send: trio.MemorySendChannel[Pending]) -> None:
+        assert self.upstream is not None
+        api_key, version, corr = peek_request(frame)
+        started = time.perf_counter()
+        self.gateway.metrics.request(api_key, len(frame))
+        chain = self.chain()
+        header: RequestHeader | None = None
+        if chain.decode_request(api_key) and request_class(api_key, version) is not None:
+            header = parse_request_header(frame)
+            self.info.client_id = header.client_id
+            await self._intercept_request(frame, header, chain, send, started)
+            return
+        expects = True
+        if api_key == ApiKey.PRODUCE:
+            header = parse_request_header(frame)
+            expects = produce_acks(frame, header) != 0
+        upstream_corr = self._upstream_corr()
+        set_request_correlation_id(frame, upstream_corr)
+        if expects:
+            await send.send(
+                Pending(corr, api_key, version, header.client_id if header else None, upstream_corr,
+                        decode=_needs_response_decode(chain, api_key, version), started=started)
+            )
+        await self._send_upstream(frame)
+
+    async def _send_upstream(self, frame: bytearray) -> None:
+        assert self.upstream is not None
+        if self.gateway.tap is not None:
+            self.gateway.tap(self.info, "g2u", frame)
+        await self.upstream.send_frame(frame)
+
+    async def _intercept_request(
+        self, frame: bytearray, header: RequestHeader, chain: ResolvedChain,
+        send: trio.MemorySendChannel[Pending], started: float,
+    ) -> None:
+        assert self.upstream is not None
+        api_key, version = header.api_key, header.api_version
+        original = decode_request_body(api_key, version, frame, header.body_offset)
+        ctx = RequestContext(self.info, api_key, version, header.correlation_id, header.client_id, original,
+                             self.gateway.topic_names)
+        result = await _run_hooks(chain.requests_for(api_key), ctx)
+        expects = api_key != ApiKey.PRODUCE or ctx.request.acks != 0
+        pending = Pending(header.correlation_id, api_key, version, header.client_id, started=started,
+                          decode=_needs_response_decode(chain, api_key, version))
+        if result is None and api_key == ApiKey.PRODUCE and chain.produce_records:
+            ctx.request = await self._produce_records(ctx, chain, pending)
+            if ctx.request is None:  # every partition failed: answer without going upstream
+                result = Respond(self._merge_partition_errors(build(response_class(api_key, version)), pending))
+        if isinstance(result, Close):
+            raise ProtocolViolation(f"closed by interceptor: {result.reason}")
+        if isinstance(result, Respond | Reject):
+            if expects:
+                body = result.response if isinstance(result, Respond) else error_response(
+                    api_key, version, ctx.request if ctx.request is not None else original,
+                    result.error_code, result.message)
+                pending.local = encode_response(body, header.correlation_id)
+                await send.send(pending)
+            return
+        pending.upstream_corr = self._upstream_corr()
+        pending.request = ctx.request
+        if ctx.request is original:
+            set_request_correlation_id(frame, pending.upstream_corr)
+            out = frame
+        else:
+            out = encode_request(ctx.request, pending.upstream_corr, header.client_id)
+        if pending.partition_errors:
+            pending.decode = True
+        if expects:
+            await send.send(pending)
+        await self._send_upstream(out)
+
+    async def _produce_records(self, ctx: RequestContext, chain: ResolvedChain, pending: Pending) -> Any:
+        """Runs the produce record hooks per partition; returns the request to forward (None when
+        no partition is left)."""
+        request = ctx.request
+        topics = []
+        changed = False
+        for topic in request.topic_data:
+            name = await self._topic_name(topic)
+            partitions = []
+            for part in topic.partition_data:
+                records = RecordSet.parse(part.records)
+                rctx = RecordsContext(self.info, ctx.api_key, ctx.api_version, ctx.client_id, name,
+                                      int(part.index), records)
+                outcome = await _run_hooks(chain.produce_records, rctx)
+                if isinstance(outcome, PartitionError):
+                    pending.partition_errors.append((name, getattr(topic, "topic_id", None), int(part.index), outcome))
+                    changed = True
+                    continue
+                if records.changed():
+                    part = replace(part, records=records.to_bytes())
+                    changed = True
+                partitions.append(part)
+            if partitions:
+                topics.append(replace(topic, partition_data=tuple(partitions)) if changed else topic)
+        if not topics:
+            return None
+        return replace(request, topic_data=tuple(topics)) if changed else request
+
+    async def _topic_name(self, topic: Any) -> str:
+        """The name of a Produce or Fetch topic entry, which may carry only a topic id (v13+)."""
+        name = getattr(topic, "name", None) or getattr(topic, "topic", None)
+        if name:
+            return str(name)
+        return await self.gateway.topic_name(topic.topic_id)
+
+    def _merge_partition_errors(self, response: Any, pending: Pending) -> Any:
+        """Adds the partitions that record hooks failed to a Produce response."""
+        if not pending.partition_errors:
+            return response
+        topic_cls = nested(type(response), "responses")
+        part_cls = nested(topic_cls, "partition_responses")
+        by_topic = {getattr(t, "name", None) or t.topic_id: t for t in response.responses}
+        for name, topic_id, index, error in pending.partition_errors:
+            key = name if "name" in topic_cls.__dataclass_fields__ else topic_id
+            entry = build(part_cls, index=index, error_code=error.error_code, base_offset=-1,
+                          **({"error_message": error.message} if "error_message" in part_cls.__dataclass_fields__ else {}),
+                          **({"log_start_offset": -1} if "log_start_offset" in part_cls.__dataclass_fields__ else {}))
+            topic = by_topic.get(key)
+            if topic is None:
+                by_topic[key] = build(topic_cls, **({"name": name} if "name" in topic_cls.__dataclass_fields__
+                                                  else {"topic_id": topic_id}), partition_responses=(entry,))
+            else:
+                by_topic[key] = replace(topic, partition_responses=(*topic.partition_responses, entry))
+        return replace(response, responses=tuple(by_topic.values()))
+
+    # -- responses ---------------------------------------------------------------------------
+
+    async def _process_response(self, pending: Pending, frame: bytearray) -> bytearray:
+        if not pending.decode or response_class(pending.api_key, pending.api_version) is None:
+            return frame
+        api_key = pending.api_key
+        try:
+            body = decode_response(api_key, pending.api_version, frame)
+        except Exception as exc:  # e.g. an ApiVersions error answered in v0 format
+            log.debug("forwarding undecodable %s response as is: %s", api_name(api_key), exc)
+            return frame
+        original = body
+        gateway = self.gateway
+        if api_key == ApiKey.API_VERSIONS:
+            body = intersect(body) or body
+        elif api_key in (ApiKey.METADATA, ApiKey.DESCRIBE_CLUSTER):
+            gateway.learn_brokers(broker_addresses(api_key, body))
+            gateway.topic_names.learn(api_key, body)
+        if carries_addresses(api_key, pending.api_version):
+            body = rewrite_addresses(api_key, body, gateway.advertised_address) or body
+        if pending.partition_errors:
+            body = self._merge_partition_errors(body, pending)
+        chain = self.chain()
+        if api_key == ApiKey.FETCH and chain.fetch_records:
+            body = await self._fetch_records(body, pending, chain)
+        hooks = chain.responses_for(api_key)
+        if hooks:
+            ctx = ResponseContext(self.info, api_key, pending.api_version, pending.client_corr, pending.client_id,
+                                  pending.request, body, gateway.topic_names)
+            result = await _run_hooks(hooks, ctx)
+            if isinstance(result, Close):
+                raise ProtocolViolation(f"closed by interceptor: {result.reason}")
+            body = result.response if isinstance(result, Respond) else ctx.response
+        if body is original:
+            return frame
+        return encode_response(body, pending.client_corr)
+
+    async def _fetch_records(self, response: Any, pending: Pending, chain: ResolvedChain) -> Any:
+        topics = []
+        changed = False
+        for topic in response.responses:
+            name = await self._topic_name(topic)
+            partitions = []
+            for part in topic.partitions:
+                if part.records is None or part.error_code != 0:
+                    partitions.append(part)
+                    continue
+                records = RecordSet.parse(part.records)
+                rctx = RecordsContext(self.info, pending.api_key, pending.api_version, pending.client_id, name,
+                                      int(part.partition_index), records)
+                outcome = await _run_hooks(chain.fetch_records, rctx)
+                if isinstance(outcome, PartitionError):
+                    part = replace(part, error_code=outcome.error_code, records=None)
+                    changed = True
+                elif records.changed():
+                    part = replace(part, records=records.to_bytes())
+                    changed = True
+                partitions.append(part)
+            topics.append(replace(topic, partitions=tuple(partitions)) if changed else topic)
+        return replace(response, responses=tuple(topics)) if changed else response
+
+
+async def _maybe_await(value: Any) -> Any:
+    if inspect.isawaitable(value):
+        return await value
+    return value
+
+
+async def _send_frame(stream: trio.abc.Stream, frame: bytearray) -> None:
+    size = len(frame).to_bytes(4, "big")
+    if len(frame) < 65536:
+        await stream.send_all(size + frame)
+    else:
+        await stream.send_all(size)
+        await stream.send_all(frame)

@@ -1,0 +1,145 @@
+"""Connections to the backing cluster: TCP, optional TLS, optional SASL, then plain frames."""
+
+from __future__ import annotations
+
+import logging
+import ssl
+from typing import Any
+
+import trio
+from kio.schema.errors import ErrorCode
+
+from kanal.config.upstream import UpstreamSettings
+from kanal.net.channel import KafkaChannel, RequestChannel
+from kanal.net.tls import upstream_context
+from kanal.protocol.api import request_class
+from kanal.protocol.entities import build, nested
+from kanal.protocol.sasl import SaslError, mechanism_for
+
+log = logging.getLogger(__name__)
+
+Address = tuple[str, int]
+
+
+class UpstreamError(ConnectionError):
+    """The upstream broker could not be reached or refused the gateway's credentials."""
+
+
+async def _sasl(channel: KafkaChannel, upstream: UpstreamSettings) -> None:
+    assert upstream.sasl_mechanism and upstream.sasl_username is not None and upstream.sasl_password is not None
+    calls = RequestChannel(channel)
+    handshake = await calls.call(build(request_class(17, 1), mechanism=upstream.sasl_mechanism))
+    if handshake.error_code != ErrorCode.none:
+        raise UpstreamError(
+            f"upstream refused SASL mechanism {upstream.sasl_mechanism} ({handshake.error_code.name}); "
+            f"it offers {', '.join(handshake.mechanisms)}"
+        )
+    mechanism = mechanism_for(upstream.sasl_mechanism, upstream.sasl_username, upstream.sasl_password)
+    message: bytes | None = mechanism.start()
+    while message is not None:
+        reply = await calls.call(build(request_class(36, 2), auth_bytes=message))
+        if reply.error_code != ErrorCode.none:
+            raise UpstreamError(f"upstream SASL authentication failed: {reply.error_message or reply.error_code.name}")
+        try:
+            message = mechanism.step(bytes(reply.auth_bytes))
+        except SaslError as exc:
+            raise UpstreamError(f"upstream SASL authentication failed: {exc}") from exc
+
+
+async def open_upstream(
+    address: Address, upstream: UpstreamSettings, timeout: float, max_frame_size: int,
+    context: ssl.SSLContext | None = None,
+) -> KafkaChannel:
+    """A ready channel to one broker: connected, TLS-wrapped and authenticated as configured."""
+    host, port = address
+    try:
+        with trio.fail_after(timeout):
+            stream: trio.abc.Stream = await trio.open_tcp_stream(host, port)
+            ctx = context if context is not None else upstream_context(upstream)
+            if ctx is not None:
+                tls = trio.SSLStream(stream, ctx, server_hostname=host)
+                await tls.do_handshake()
+                stream = tls
+            channel = KafkaChannel(stream, max_frame_size)
+            if upstream.uses_sasl:
+                await _sasl(channel, upstream)
+            return channel
+    except trio.TooSlowError:
+        raise UpstreamError(f"timed out connecting to upstream {host}:{port}") from None
+    except (OSError, trio.BrokenResourceError, ssl.SSLError) as exc:
+        raise UpstreamError(f"cannot connect to upstream {host}:{port}: {exc}") from exc
+
+
+class ControlClient:
+    """The gateway's own connection to the cluster, for metadata and other internal calls.
+
+    One request at a time; reconnects to the next bootstrap server after a failure.
+    """
+
+    def __init__(self, upstream: UpstreamSettings, timeout: float, max_frame_size: int) -> None:
+        self.upstream = upstream
+        self.timeout = timeout
+        self.max_frame_size = max_frame_size
+        self._calls: RequestChannel | None = None
+        self._lock = trio.Lock()
+        self._next_server = 0
+        self.versions: dict[int, tuple[int, int]] = {}
+
+    async def _connect(self) -> RequestChannel:
+        servers = self.upstream.bootstrap_servers
+        last: Exception | None = None
+        for _ in range(len(servers)):
+            address = servers[self._next_server % len(servers)]
+            self._next_server += 1
+            try:
+                channel = await open_upstream(address, self.upstream, self.timeout, self.max_frame_size)
+            except UpstreamError as exc:
+                last = exc
+                continue
+            calls = RequestChannel(channel, "kanal-gateway")
+            reply = await calls.call(build(request_class(18, 3), client_software_name="kanal",
+                                           client_software_version="0"))
+            self.versions = {int(k.api_key): (int(k.min_version), int(k.max_version)) for k in reply.api_keys}
+            return calls
+        raise UpstreamError(str(last) if last else "no bootstrap servers")
+
+    def version_for(self, api_key: int, highest: int) -> int:
+        """The highest version of ``api_key`` at most ``highest`` that the upstream supports."""
+        low, high = self.versions.get(api_key, (0, highest))
+        version = min(high, highest)
+        if version < low:
+            raise UpstreamError(f"upstream does not support api key {api_key} at version {highest} or lower")
+        return version
+
+    async def call(self, body: Any) -> Any:
+        """Sends one request; on a broken connection, reconnects once and retries."""
+        async with self._lock:
+            for attempt in (1, 2):
+                if self._calls is None:
+                    self._calls = await self._connect()
+                try:
+                    with trio.fail_after(self.timeout):
+                        return await self._calls.call(body)
+                except (OSError, trio.BrokenResourceError, trio.ClosedResourceError, ConnectionError,
+                        trio.TooSlowError) as exc:
+                    await self.aclose_unlocked()
+                    if attempt == 2:
+                        raise UpstreamError(f"upstream call failed: {exc}") from exc
+            raise AssertionError("unreachable")
+
+    async def metadata(self, topics: list[str] | None = None) -> Any:
+        """A Metadata response for the given topics (None: all topics)."""
+        version = self.version_for(3, 12)
+        cls = request_class(3, version)
+        requested = None if topics is None else tuple(build(nested(cls, "topics"), name=t) for t in topics)
+        return await self.call(build(cls, topics=requested, allow_auto_topic_creation=False))
+
+    async def aclose_unlocked(self) -> None:
+        if self._calls is not None:
+            calls, self._calls = self._calls, None
+            with trio.CancelScope(shield=True):
+                await calls.channel.aclose()
+
+    async def aclose(self) -> None:
+        async with self._lock:
+            await self.aclose_unlocked()

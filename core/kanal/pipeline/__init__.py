@@ -1,0 +1,1 @@
+"""The interceptor pipeline: hookspecs, interceptor model, results and chain resolution."""

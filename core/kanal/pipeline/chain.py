@@ -1,0 +1,180 @@
+"""From configured interceptors to the plain lists of callables that run per request.
+
+Pluggy validates every interceptor's hook implementations against the hookspecs once, when the
+chain is built; after that the hot path calls bound methods from lists, with no hook dispatch.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import pluggy
+
+from kanal.pipeline.hookspecs import PROJECT, InterceptorHooks
+from kanal.pipeline.interceptor import Interceptor, InterceptorConfigError, InterceptorSpec
+from kanal.pipeline.registry import PluginRegistry
+from kanal.protocol.api import ApiKey
+
+log = logging.getLogger(__name__)
+
+Hook = Callable[..., Any]
+
+_HOOK_NAMES = (
+    "kanal_connection_opened",
+    "kanal_connection_closed",
+    "kanal_request",
+    "kanal_response",
+    "kanal_produce_records",
+    "kanal_fetch_records",
+)
+
+
+@dataclass(slots=True)
+class Configured:
+    """An interceptor spec with its live instance and validated hooks."""
+
+    spec: InterceptorSpec
+    instance: Interceptor
+    hooks: dict[str, Hook]
+
+
+def instantiate(spec: InterceptorSpec, registry: PluginRegistry) -> Configured:
+    """Creates and validates one interceptor; errors name the interceptor and the problem."""
+    cls = registry.interceptor_type(spec.plugin)
+    if cls is None:
+        known = ", ".join(sorted(registry.interceptor_types())) or "none installed"
+        raise InterceptorConfigError(f"interceptor {spec.name!r}: unknown plugin {spec.plugin!r} (known: {known})")
+    try:
+        instance = cls(spec.config)
+    except InterceptorConfigError as exc:
+        raise InterceptorConfigError(f"interceptor {spec.name!r} ({spec.plugin}): {exc}") from exc
+    except (TypeError, ValueError, KeyError) as exc:
+        raise InterceptorConfigError(f"interceptor {spec.name!r} ({spec.plugin}): invalid config: {exc}") from exc
+    manager = pluggy.PluginManager(PROJECT)
+    manager.add_hookspecs(InterceptorHooks)
+    try:
+        manager.register(instance, name=spec.name)
+    except pluggy.PluginValidationError as exc:
+        raise InterceptorConfigError(f"interceptor {spec.name!r} ({spec.plugin}): {exc}") from exc
+    hooks: dict[str, Hook] = {}
+    for hook_name in _HOOK_NAMES:
+        for impl in getattr(manager.hook, hook_name).get_hookimpls():
+            hooks[hook_name] = impl.function
+    return Configured(spec, instance, hooks)
+
+
+@dataclass(slots=True)
+class ResolvedChain:
+    """The interceptors that apply to one connection identity, in order, as callables."""
+
+    interceptors: tuple[Configured, ...]
+    opened: list[Hook] = field(default_factory=list)
+    closed: list[Hook] = field(default_factory=list)
+    request_hooks: dict[int, list[Hook]] = field(default_factory=dict)
+    response_hooks: dict[int, list[Hook]] = field(default_factory=dict)
+    all_request_hooks: list[Hook] = field(default_factory=list)
+    all_response_hooks: list[Hook] = field(default_factory=list)
+    produce_records: list[Hook] = field(default_factory=list)
+    fetch_records: list[Hook] = field(default_factory=list)
+
+    def requests_for(self, api_key: int) -> list[Hook]:
+        return self.all_request_hooks if self.all_request_hooks else self.request_hooks.get(api_key, [])
+
+    def responses_for(self, api_key: int) -> list[Hook]:
+        return self.all_response_hooks if self.all_response_hooks else self.response_hooks.get(api_key, [])
+
+    def decode_request(self, api_key: int) -> bool:
+        """Whether requests of this API must be decoded for a hook."""
+        if api_key == ApiKey.PRODUCE and self.produce_records:
+            return True
+        return bool(self.all_request_hooks) or api_key in self.request_hooks
+
+    def decode_response(self, api_key: int) -> bool:
+        """Whether responses of this API must be decoded for a hook (core rules come on top)."""
+        if api_key == ApiKey.FETCH and self.fetch_records:
+            return True
+        return bool(self.all_response_hooks) or api_key in self.response_hooks
+
+
+def _build(interceptors: Sequence[Configured]) -> ResolvedChain:
+    chain = ResolvedChain(tuple(interceptors))
+    for item in interceptors:
+        hooks, cls = item.hooks, type(item.instance)
+        if "kanal_connection_opened" in hooks:
+            chain.opened.append(hooks["kanal_connection_opened"])
+        if "kanal_connection_closed" in hooks:
+            chain.closed.append(hooks["kanal_connection_closed"])
+        if "kanal_produce_records" in hooks:
+            chain.produce_records.append(hooks["kanal_produce_records"])
+        if "kanal_fetch_records" in hooks:
+            chain.fetch_records.append(hooks["kanal_fetch_records"])
+        for hook_name, keys, per_key, everything in (
+            ("kanal_request", cls.request_api_keys, chain.request_hooks, chain.all_request_hooks),
+            ("kanal_response", cls.response_api_keys, chain.response_hooks, chain.all_response_hooks),
+        ):
+            if hook_name not in hooks:
+                continue
+            if keys is None:
+                everything.append(hooks[hook_name])
+            else:
+                for key in keys:
+                    per_key.setdefault(int(key), []).append(hooks[hook_name])
+    if chain.all_request_hooks:  # a catch-all interceptor sees every request, in priority order
+        chain.all_request_hooks = _ordered(interceptors, "kanal_request")
+    if chain.all_response_hooks:
+        chain.all_response_hooks = _ordered(interceptors, "kanal_response")
+    return chain
+
+
+def _ordered(interceptors: Sequence[Configured], hook_name: str) -> list[Hook]:
+    return [i.hooks[hook_name] for i in interceptors if hook_name in i.hooks]
+
+
+class Pipeline:
+    """All configured interceptors of a gateway; resolves the chain for a connection identity.
+
+    ``version`` changes whenever the interceptors change, so connections can pick up a new
+    chain on their next request without locks.
+    """
+
+    def __init__(self, registry: PluginRegistry) -> None:
+        self.registry = registry
+        self.version = 0
+        self._configured: dict[tuple[str, Any], Configured] = {}
+        self._cache: dict[tuple[str | None, tuple[str, ...], str | None], ResolvedChain] = {}
+
+    def configure(self, specs: Sequence[InterceptorSpec]) -> None:
+        """Replaces the whole set; raises before changing anything if one spec is invalid."""
+        configured: dict[tuple[str, Any], Configured] = {}
+        for spec in specs:
+            key = (spec.name, spec.scope)
+            if key in configured:
+                raise InterceptorConfigError(f"interceptor {spec.name!r} is defined twice for the same scope")
+            configured[key] = instantiate(spec, self.registry)
+        self._configured = configured
+        self._cache.clear()
+        self.version += 1
+
+    def specs(self) -> list[InterceptorSpec]:
+        return [c.spec for c in self._configured.values()]
+
+    def resolve(
+        self, username: str | None = None, groups: tuple[str, ...] = (), vcluster: str | None = None
+    ) -> ResolvedChain:
+        """The effective chain: the most specific scope wins per interceptor name, then priority."""
+        key = (username, groups, vcluster)
+        chain = self._cache.get(key)
+        if chain is None:
+            chosen: dict[str, Configured] = {}
+            for item in self._configured.values():
+                if not item.spec.scope.matches(username, groups, vcluster):
+                    continue
+                current = chosen.get(item.spec.name)
+                if current is None or item.spec.scope.specificity() > current.spec.scope.specificity():
+                    chosen[item.spec.name] = item
+            ordered = sorted(chosen.values(), key=lambda c: (c.spec.priority, c.spec.name))
+            chain = self._cache[key] = _build(ordered)
+        return chain

@@ -1,0 +1,108 @@
+"""Every hook a Kanal plugin can implement, documented where it is declared.
+
+There are two kinds of hooks:
+
+* **Plugin hooks** (:class:`PluginHooks`) are implemented by the plugin object that the
+  ``kanal.plugins`` entry point names (a module or an object). They run once, at startup.
+* **Interceptor hooks** (:class:`InterceptorHooks`) are implemented as methods of an
+  :class:`~kanal.pipeline.interceptor.Interceptor` subclass. An interceptor is a configured
+  instance of such a class (name, priority, scope, config); its hooks run for the traffic of the
+  connections its scope matches, in priority order (lower first).
+
+Mark implementations with :data:`hookimpl`. Any interceptor hook may be ``async def``; the core
+awaits it. Keep hooks cheap: they run once per request, per response, or per partition batch, never
+per record, so put per-record work in plain functions built once, when the interceptor is created.
+
+Ordering and results. Request hooks run in priority order; the first that returns a result other
+than ``None`` stops the chain (later interceptors do not see that request). Response hooks run in
+the same order. Record hooks run for every interceptor, each seeing the changes of the ones before.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import pluggy
+
+if TYPE_CHECKING:
+    from kanal.pipeline.context import Connection, RecordsContext, RequestContext, ResponseContext
+    from kanal.pipeline.interceptor import Interceptor
+    from kanal.pipeline.results import RecordsResult, RequestResult, ResponseResult
+
+PROJECT = "kanal"
+
+hookspec = pluggy.HookspecMarker(PROJECT)
+hookimpl = pluggy.HookimplMarker(PROJECT)
+
+
+class PluginHooks:
+    """Hooks of a plugin (the object an entry point of the ``kanal.plugins`` group names)."""
+
+    @hookspec
+    def kanal_interceptor_types(self) -> list[type[Interceptor]]:  # type: ignore[empty-body]
+        """Return the interceptor classes this plugin provides.
+
+        Each class sets a unique ``plugin_name`` (what an interceptor's ``plugin`` field refers
+        to) and may set ``config_schema`` (a JSON schema, shown to operators). The core creates
+        one instance per configured interceptor, calling ``cls(config)``; the constructor must
+        validate the config and raise :class:`~kanal.pipeline.interceptor.InterceptorConfigError`
+        with a message naming the bad key.
+        """
+
+
+class InterceptorHooks:
+    """Hooks of an interceptor instance, called on the traffic of matching connections."""
+
+    @hookspec
+    def kanal_connection_opened(self, connection: Connection) -> None:
+        """A client connected; called before its first request is read.
+
+        ``connection.state`` is a dict private to this connection, shared by all interceptors:
+        use keys named after your plugin.
+        """
+
+    @hookspec
+    def kanal_connection_closed(self, connection: Connection) -> None:
+        """The client connection closed (by either side, or at gateway shutdown)."""
+
+    @hookspec
+    def kanal_request(self, ctx: RequestContext) -> RequestResult:
+        """A request was received from the client and decoded; it has not been forwarded yet.
+
+        Called only for the API keys listed in the interceptor's ``request_api_keys`` (``None``
+        means every API, which forces decoding of every request: avoid it). Return ``None`` to
+        forward ``ctx.request`` (which the hook may have replaced), :class:`Respond` to answer
+        with a response of your own, :class:`Reject` to answer with an error code the client
+        library understands, or :class:`Close` to close the connection.
+
+        A request for which the client expects no response (Produce with acks=0) is dropped
+        silently when a hook answers it.
+        """
+
+    @hookspec
+    def kanal_response(self, ctx: ResponseContext) -> ResponseResult:
+        """A response arrived from the upstream broker and was decoded; the client has not seen it.
+
+        Called only for the API keys in ``response_api_keys``. The hook may replace
+        ``ctx.response``, return :class:`Respond` to send another response instead, or
+        :class:`Close`. Broker addresses have already been rewritten to the gateway's.
+        """
+
+    @hookspec
+    def kanal_produce_records(self, ctx: RecordsContext) -> RecordsResult:
+        """The records of one topic-partition of a Produce request, before it is forwarded.
+
+        Called once per partition batch with decoded records (``ctx.records``); change them in
+        place and call ``mark_changed()`` on the batch, or replace a batch's records. Return
+        :class:`PartitionError` to fail this partition (its records are not written and the
+        client gets the error code for it; other partitions proceed).
+        """
+
+    @hookspec
+    def kanal_fetch_records(self, ctx: RecordsContext) -> RecordsResult:
+        """The records of one topic-partition of a Fetch response, before the client sees them.
+
+        Change, drop or replace records through ``ctx.records``; offsets of kept records stay
+        as the broker wrote them. Return :class:`PartitionError` to fail this partition's fetch
+        (its records are removed and the client gets the error code).
+        """

@@ -1,0 +1,41 @@
+"""Kafka record batches (magic v2) and their compression codecs, sans-I/O.
+
+See ``batch`` for the lazy, byte-exact batch model and ``compression`` for the codecs.
+"""
+
+from .batch import (
+    CONTROL_ABORT,
+    CONTROL_COMMIT,
+    CREATE_TIME,
+    HEADER_SIZE,
+    LOG_APPEND_TIME,
+    CorruptRecordError,
+    Headers,
+    Record,
+    RecordBatch,
+    RecordSet,
+    encode_batch,
+)
+from .compression import GZIP, LZ4, NONE, SNAPPY, ZSTD, UnsupportedCodecError, compress, decompress
+
+__all__ = [
+    "CONTROL_ABORT",
+    "CONTROL_COMMIT",
+    "CREATE_TIME",
+    "GZIP",
+    "HEADER_SIZE",
+    "LOG_APPEND_TIME",
+    "LZ4",
+    "NONE",
+    "SNAPPY",
+    "ZSTD",
+    "CorruptRecordError",
+    "Headers",
+    "Record",
+    "RecordBatch",
+    "RecordSet",
+    "UnsupportedCodecError",
+    "compress",
+    "decompress",
+    "encode_batch",
+]
