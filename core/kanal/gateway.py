@@ -7,6 +7,7 @@ import logging
 import socket
 import uuid
 from dataclasses import dataclass
+from typing import Any
 
 import trio
 
@@ -85,8 +86,13 @@ class Gateway:
             return self.advertised_host, self.settings.port_start + index
         if node_id not in self._unmapped_warned:
             self._unmapped_warned.add(node_id)
-            log.error("broker %d is outside the gateway's port range (GATEWAY_MIN_BROKERID=%d, GATEWAY_PORT_COUNT=%d);"
-                      " clients will not reach it through the gateway", node_id, self.min_broker_id, self.port_count)
+            log.error(
+                "broker %d is outside the gateway's port range (GATEWAY_MIN_BROKERID=%d, GATEWAY_PORT_COUNT=%d);"
+                " clients will not reach it through the gateway",
+                node_id,
+                self.min_broker_id,
+                self.port_count,
+            )
         return None
 
     def node_for_port(self, port: int) -> int:
@@ -103,8 +109,13 @@ class Gateway:
     async def connect_upstream(self, node_id: int) -> KafkaChannel:
         """A channel to the broker a client port stands for (a bootstrap server while unknown)."""
         address = self.brokers.get(node_id) or next(self._bootstrap)
-        return await open_upstream(address, self.settings.upstream, self.settings.upstream_connect_timeout_ms / 1000,
-                                   self.settings.max_frame_size, self._upstream_tls)
+        return await open_upstream(
+            address,
+            self.settings.upstream,
+            self.settings.upstream_connect_timeout_ms / 1000,
+            self.settings.max_frame_size,
+            self._upstream_tls,
+        )
 
     async def topic_name(self, topic_id: uuid.UUID) -> str:
         """The name of a topic id, asking the cluster on a cache miss; the id itself if unknown."""
@@ -146,23 +157,27 @@ class Gateway:
         assert self.port_count is not None and self.min_broker_id is not None
         settings = self.settings
         ports = range(settings.port_start, settings.port_start + self.port_count)
-        listeners: list[trio.abc.Listener[trio.abc.Stream]] = []
+        listeners: list[trio.abc.Listener[Any]] = []
         tls = server_context(settings)
         try:
             for port in ports:
-                for listener in await trio.open_tcp_listeners(port, host=settings.bind_host):
-                    listeners.append(trio.SSLListener(listener, tls) if tls is not None else listener)
+                for tcp in await trio.open_tcp_listeners(port, host=settings.bind_host):
+                    listeners.append(trio.SSLListener(tcp, tls) if tls is not None else tcp)
         except OSError as exc:
             for listener in listeners:
                 await listener.aclose()
-            raise OSError(exc.errno, f"cannot listen on {settings.bind_host}:{ports[0]}-{ports[-1]}: {exc.strerror}"
-                          " (set GATEWAY_PORT_START / GATEWAY_BIND_HOST)") from exc
+            raise OSError(
+                exc.errno,
+                f"cannot listen on {settings.bind_host}:{ports[0]}-{ports[-1]}: {exc.strerror}"
+                " (set GATEWAY_PORT_START / GATEWAY_BIND_HOST)",
+            ) from exc
         upstream = ",".join(f"{h}:{p}" for h, p in settings.upstream.bootstrap_servers)
         async with trio.open_nursery() as nursery:
             with self._serve_scope:
                 await nursery.start(trio.serve_listeners, self._handle, listeners)
-                task_status.started(Listening(f"{self.advertised_host}:{ports[0]}", ports[0], ports[-1],
-                                              self.min_broker_id, upstream))
+                task_status.started(
+                    Listening(f"{self.advertised_host}:{ports[0]}", ports[0], ports[-1], self.min_broker_id, upstream)
+                )
                 await trio.sleep_forever()
             # Shutdown: listeners are closed; let connections drain, then stop what is left.
             with trio.move_on_after(settings.shutdown_timeout_ms / 1000):

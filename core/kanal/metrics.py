@@ -19,21 +19,26 @@ class GatewayMetrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry()
         r = self.registry
-        self.latency = Histogram("gateway_latency_request_response_seconds",
-                                 "Time from a client request to its response, by API", ["api_key"],
-                                 buckets=LATENCY_BUCKETS, registry=r)
+        self.latency = Histogram(
+            "gateway_latency_request_response_seconds",
+            "Time from a client request to its response, by API",
+            ["api_key"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
         self.requests = Counter("gateway_requests", "Client requests, by API", ["api_key"], registry=r)
-        self.request_bytes = Counter("gateway_request_bytes", "Bytes of client requests, by API", ["api_key"],
-                                     registry=r)
+        self.request_bytes = Counter(
+            "gateway_request_bytes", "Bytes of client requests, by API", ["api_key"], registry=r
+        )
         self.responses = Counter("gateway_responses", "Responses sent to clients, by API", ["api_key"], registry=r)
-        self.response_bytes = Counter("gateway_response_bytes", "Bytes of responses sent to clients, by API",
-                                      ["api_key"], registry=r)
-        self.client_connections = Gauge("gateway_client_connections_active", "Open client connections",
-                                        registry=r)
-        self.upstream_connections = Gauge("gateway_upstream_connections_active", "Open upstream connections",
-                                          registry=r)
-        self.upstream_errors = Counter("gateway_upstream_errors", "Failed or lost upstream connections",
-                                       registry=r)
+        self.response_bytes = Counter(
+            "gateway_response_bytes", "Bytes of responses sent to clients, by API", ["api_key"], registry=r
+        )
+        self.client_connections = Gauge("gateway_client_connections_active", "Open client connections", registry=r)
+        self.upstream_connections = Gauge(
+            "gateway_upstream_connections_active", "Open upstream connections", registry=r
+        )
+        self.upstream_errors = Counter("gateway_upstream_errors", "Failed or lost upstream connections", registry=r)
         self._bound: dict[int, tuple[Counter, Counter, Counter, Counter, Histogram]] = {}
 
     def _children(self, api_key: int) -> tuple[Counter, Counter, Counter, Counter, Histogram]:
@@ -41,8 +46,11 @@ class GatewayMetrics:
         if bound is None:
             name = api_name(api_key)
             bound = self._bound[api_key] = (
-                self.requests.labels(name), self.request_bytes.labels(name),
-                self.responses.labels(name), self.response_bytes.labels(name), self.latency.labels(name),
+                self.requests.labels(name),
+                self.request_bytes.labels(name),
+                self.responses.labels(name),
+                self.response_bytes.labels(name),
+                self.latency.labels(name),
             )
         return bound
 

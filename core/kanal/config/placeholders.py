@@ -18,13 +18,16 @@ def expand(value: Any, env: Mapping[str, str], where: str) -> Any:
     error naming the variable, never an empty string that would fail later, far from the cause.
     """
     if isinstance(value, str):
+
         def sub(match: re.Match[str]) -> str:
             name, default = match.group(1), match.group(2)
             if name in env:
                 return env[name]
             if default is not None:
                 return default
-            raise ConfigError(where, f"environment variable {name} is not set (write ${{{name}|default}} for a default)")
+            raise ConfigError(
+                where, f"environment variable {name} is not set (write ${{{name}|default}} for a default)"
+            )
 
         return _PLACEHOLDER.sub(sub, value)
     if isinstance(value, Mapping):

@@ -73,25 +73,102 @@ class Option:
 
 
 OPTIONS: tuple[Option, ...] = (
-    Option("GATEWAY_PORT_START", "port_start", _int(1, 65535), 6969, "First client port; port N serves broker MIN_BROKERID + (N - PORT_START)."),
-    Option("GATEWAY_PORT_COUNT", "port_count", _int(1, 10000), None, "Number of client ports (default: broker id span + 3)."),
-    Option("GATEWAY_MIN_BROKERID", "min_broker_id", _int(0, 2**31 - 1), None, "Broker id served on the first port (default: the smallest upstream broker id)."),
+    Option(
+        "GATEWAY_PORT_START",
+        "port_start",
+        _int(1, 65535),
+        6969,
+        "First client port; port N serves broker MIN_BROKERID + (N - PORT_START).",
+    ),
+    Option(
+        "GATEWAY_PORT_COUNT",
+        "port_count",
+        _int(1, 10000),
+        None,
+        "Number of client ports (default: broker id span + 3).",
+    ),
+    Option(
+        "GATEWAY_MIN_BROKERID",
+        "min_broker_id",
+        _int(0, 2**31 - 1),
+        None,
+        "Broker id served on the first port (default: the smallest upstream broker id).",
+    ),
     Option("GATEWAY_BIND_HOST", "bind_host", _str, "0.0.0.0", "Interface the client ports listen on."),
-    Option("GATEWAY_ADVERTISED_HOST", "advertised_host", _str, None, "Host announced to clients in broker addresses (default: the bind host, or this machine's name when binding all interfaces)."),
+    Option(
+        "GATEWAY_ADVERTISED_HOST",
+        "advertised_host",
+        _str,
+        None,
+        "Host announced to clients in broker addresses (default: the bind host, or this machine's name"
+        " when binding all interfaces).",
+    ),
     Option("GATEWAY_HTTP_PORT", "http_port", _int(0, 65535), 8888, "Admin API, health and metrics port."),
-    Option("GATEWAY_CLUSTER_ID", "cluster_id", _str, "gateway", "Name of this gateway cluster (names its state topics)."),
-    Option("GATEWAY_MAX_FRAME_SIZE", "max_frame_size", _int(1024, 2**31 - 1), DEFAULT_MAX_FRAME_SIZE, "Largest Kafka frame accepted from a client or the upstream, in bytes."),
-    Option("GATEWAY_MAX_IN_FLIGHT_REQUESTS", "max_in_flight", _int(1, 100000), 1000, "Requests a client may have in flight before the gateway stops reading from it."),
-    Option("GATEWAY_UPSTREAM_CONNECT_TIMEOUT_MS", "upstream_connect_timeout_ms", _int(1, 3600000), 10000, "Timeout to connect and authenticate to an upstream broker."),
-    Option("GATEWAY_SHUTDOWN_TIMEOUT_MS", "shutdown_timeout_ms", _int(0, 3600000), 10000, "How long shutdown waits for in-flight requests to be answered."),
-    Option("GATEWAY_LOG_FORMAT", "log_format", _choice("text", "json"), "text", "text (human readable) or json (one object per line)."),
+    Option(
+        "GATEWAY_CLUSTER_ID", "cluster_id", _str, "gateway", "Name of this gateway cluster (names its state topics)."
+    ),
+    Option(
+        "GATEWAY_MAX_FRAME_SIZE",
+        "max_frame_size",
+        _int(1024, 2**31 - 1),
+        DEFAULT_MAX_FRAME_SIZE,
+        "Largest Kafka frame accepted from a client or the upstream, in bytes.",
+    ),
+    Option(
+        "GATEWAY_MAX_IN_FLIGHT_REQUESTS",
+        "max_in_flight",
+        _int(1, 100000),
+        1000,
+        "Requests a client may have in flight before the gateway stops reading from it.",
+    ),
+    Option(
+        "GATEWAY_UPSTREAM_CONNECT_TIMEOUT_MS",
+        "upstream_connect_timeout_ms",
+        _int(1, 3600000),
+        10000,
+        "Timeout to connect and authenticate to an upstream broker.",
+    ),
+    Option(
+        "GATEWAY_SHUTDOWN_TIMEOUT_MS",
+        "shutdown_timeout_ms",
+        _int(0, 3600000),
+        10000,
+        "How long shutdown waits for in-flight requests to be answered.",
+    ),
+    Option(
+        "GATEWAY_LOG_FORMAT",
+        "log_format",
+        _choice("text", "json"),
+        "text",
+        "text (human readable) or json (one object per line).",
+    ),
     Option("GATEWAY_LOG_LEVEL", "log_level", _choice("debug", "info", "warning", "error"), "info", "Log level."),
-    Option("GATEWAY_SECURITY_PROTOCOL", "security_protocol", _choice("plaintext", "ssl"), "plaintext", "Client listener protocol: PLAINTEXT or SSL."),
-    Option("GATEWAY_SSL_CERTIFICATE_LOCATION", "ssl_certificate_location", _str, None, "PEM certificate (chain) of the client listener."),
+    Option(
+        "GATEWAY_SECURITY_PROTOCOL",
+        "security_protocol",
+        _choice("plaintext", "ssl"),
+        "plaintext",
+        "Client listener protocol: PLAINTEXT or SSL.",
+    ),
+    Option(
+        "GATEWAY_SSL_CERTIFICATE_LOCATION",
+        "ssl_certificate_location",
+        _str,
+        None,
+        "PEM certificate (chain) of the client listener.",
+    ),
     Option("GATEWAY_SSL_KEY_LOCATION", "ssl_key_location", _str, None, "PEM private key of the client listener."),
     Option("GATEWAY_SSL_KEY_PASSWORD", "ssl_key_password", str, None, "Password of the private key, if encrypted."),
-    Option("GATEWAY_SSL_CA_LOCATION", "ssl_ca_location", _str, None, "PEM CA bundle used to verify client certificates."),
-    Option("GATEWAY_SSL_CLIENT_AUTH", "ssl_client_auth", _choice("none", "requested", "required"), "none", "Client certificate authentication: NONE, REQUESTED or REQUIRED."),
+    Option(
+        "GATEWAY_SSL_CA_LOCATION", "ssl_ca_location", _str, None, "PEM CA bundle used to verify client certificates."
+    ),
+    Option(
+        "GATEWAY_SSL_CLIENT_AUTH",
+        "ssl_client_auth",
+        _choice("none", "requested", "required"),
+        "none",
+        "Client certificate authentication: NONE, REQUESTED or REQUIRED.",
+    ),
 )
 _BY_ENV = {o.env: o for o in OPTIONS}
 
@@ -148,7 +225,10 @@ def gateway_values(env: Mapping[str, str], file_section: Any) -> dict[str, tuple
     for key, value in _check_mapping(file_section, "gateway").items():
         name = _yaml_key_to_env(str(key))
         if name.startswith(FEATURE_FLAG_PREFIX) or name in _BY_ENV:
-            values[name] = ("" if value is None else str(value).lower() if isinstance(value, bool) else str(value), f"gateway.{key}")
+            values[name] = (
+                "" if value is None else str(value).lower() if isinstance(value, bool) else str(value),
+                f"gateway.{key}",
+            )
         else:
             raise ConfigError(f"gateway.{key}", _unknown_hint(name))
     for name, value in env.items():
@@ -174,7 +254,9 @@ def parse_interceptors(items: Any) -> tuple[InterceptorSpec, ...]:
         item = _check_mapping(item, where)
         unknown = set(item) - {"name", "plugin", "pluginClass", "priority", "scope", "config"}
         if unknown:
-            raise ConfigError(f"{where}.{sorted(unknown)[0]}", "unknown key (expected name, plugin, priority, scope, config)")
+            raise ConfigError(
+                f"{where}.{sorted(unknown)[0]}", "unknown key (expected name, plugin, priority, scope, config)"
+            )
         name = item.get("name")
         if not isinstance(name, str) or not name:
             raise ConfigError(f"{where}.name", "required, a non-empty string")
@@ -187,7 +269,9 @@ def parse_interceptors(items: Any) -> tuple[InterceptorSpec, ...]:
         scope = _check_mapping(item.get("scope"), f"{where}.scope")
         bad_scope = set(scope) - {"vCluster", "vcluster", "group", "username"}
         if bad_scope:
-            raise ConfigError(f"{where}.scope.{sorted(bad_scope)[0]}", "unknown key (expected vCluster, group, username)")
+            raise ConfigError(
+                f"{where}.scope.{sorted(bad_scope)[0]}", "unknown key (expected vCluster, group, username)"
+            )
         if scope.get("group") is not None and scope.get("username") is not None:
             raise ConfigError(f"{where}.scope", "group and username cannot both be set")
         config = _check_mapping(item.get("config"), f"{where}.config")
@@ -214,7 +298,7 @@ def build_settings(env: Mapping[str, str], document: Mapping[str, Any] | None = 
     for name, (raw, where) in gateway_values(env, doc.get("gateway")).items():
         if name.startswith(FEATURE_FLAG_PREFIX):
             try:
-                flags[name[len(FEATURE_FLAG_PREFIX):]] = parse_bool(raw)
+                flags[name[len(FEATURE_FLAG_PREFIX) :]] = parse_bool(raw)
             except ValueError as exc:
                 raise ConfigError(where, str(exc)) from None
             continue
@@ -239,8 +323,10 @@ def build_settings(env: Mapping[str, str], document: Mapping[str, Any] | None = 
 
 def _check_tls(settings: Settings) -> None:
     if settings.security_protocol == "ssl":
-        for attr, env in (("ssl_certificate_location", "GATEWAY_SSL_CERTIFICATE_LOCATION"),
-                          ("ssl_key_location", "GATEWAY_SSL_KEY_LOCATION")):
+        for attr, env in (
+            ("ssl_certificate_location", "GATEWAY_SSL_CERTIFICATE_LOCATION"),
+            ("ssl_key_location", "GATEWAY_SSL_KEY_LOCATION"),
+        ):
             if not getattr(settings, attr):
                 raise ConfigError(env, "required when GATEWAY_SECURITY_PROTOCOL is SSL")
     if settings.ssl_client_auth != "none" and not settings.ssl_ca_location:

@@ -45,7 +45,7 @@ class UpstreamSettings:
 
 
 def _property_name(env_name: str) -> str:
-    return env_name[len(KAFKA_PREFIX):].lower().replace("_", ".")
+    return env_name[len(KAFKA_PREFIX) :].lower().replace("_", ".")
 
 
 def parse_servers(text: str, where: str) -> tuple[tuple[str, int], ...]:
@@ -83,25 +83,33 @@ def parse_upstream(env: Mapping[str, str], file_section: Mapping[str, Any]) -> U
             props[prop] = value
             where[prop] = name
 
-    def key(prop: str) -> str:
+    def name_of(prop: str) -> str:
         return where.get(prop, KAFKA_PREFIX + prop.upper().replace(".", "_"))
 
-    servers = parse_servers(props.get("bootstrap.servers", "127.0.0.1:9092"), key("bootstrap.servers"))
+    servers = parse_servers(props.get("bootstrap.servers", "127.0.0.1:9092"), name_of("bootstrap.servers"))
     protocol = props.get("security.protocol", "PLAINTEXT").upper()
     if protocol not in SECURITY_PROTOCOLS:
-        raise ConfigError(key("security.protocol"), f"expected one of {', '.join(SECURITY_PROTOCOLS)}, got {protocol!r}")
+        raise ConfigError(
+            name_of("security.protocol"), f"expected one of {', '.join(SECURITY_PROTOCOLS)}, got {protocol!r}"
+        )
     mechanism = username = password = None
     if protocol.startswith("SASL_"):
         mechanism = props.get("sasl.mechanism", "PLAIN").upper()
         if mechanism not in SASL_MECHANISMS:
-            raise ConfigError(key("sasl.mechanism"), f"expected one of {', '.join(SASL_MECHANISMS)}, got {mechanism!r}")
+            raise ConfigError(
+                name_of("sasl.mechanism"), f"expected one of {', '.join(SASL_MECHANISMS)}, got {mechanism!r}"
+            )
         jaas = parse_jaas(props.get("sasl.jaas.config", ""))
         username = props.get("sasl.username", jaas.get("username"))
         password = props.get("sasl.password", jaas.get("password"))
         if not username:
-            raise ConfigError(key("sasl.jaas.config"), "SASL needs a username (sasl.jaas.config or KAFKA_SASL_USERNAME)")
+            raise ConfigError(
+                name_of("sasl.jaas.config"), "SASL needs a username (sasl.jaas.config or KAFKA_SASL_USERNAME)"
+            )
         if password is None:
-            raise ConfigError(key("sasl.jaas.config"), "SASL needs a password (sasl.jaas.config or KAFKA_SASL_PASSWORD)")
+            raise ConfigError(
+                name_of("sasl.jaas.config"), "SASL needs a password (sasl.jaas.config or KAFKA_SASL_PASSWORD)"
+            )
     check = props.get("ssl.endpoint.identification.algorithm", "https").strip().lower()
     return UpstreamSettings(
         bootstrap_servers=servers,

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Protocol
 
 import trio
+from kio.schema.errors import ErrorCode
 
 from kanal.net.channel import READ_SIZE, KafkaChannel, PeerClosed
 from kanal.pipeline.chain import ResolvedChain
@@ -24,20 +25,25 @@ from kanal.pipeline.context import Connection, RecordsContext, RequestContext, R
 from kanal.pipeline.results import Close, PartitionError, Reject, Respond
 from kanal.protocol.api import ApiKey, api_name, request_class, response_class
 from kanal.protocol.api_versions import intersect
-from kanal.protocol.entities import build, nested
+from kanal.protocol.entities import build, has_field, nested
 from kanal.protocol.error_responses import error_response
 from kanal.protocol.framing import FrameReader, FrameTooLarge, InvalidFrame
 from kanal.protocol.headers import (
     InvalidHeader,
     RequestHeader,
     parse_request_header,
-    peek_request,
     produce_acks,
     response_correlation_id,
     set_request_correlation_id,
     set_response_correlation_id,
 )
-from kanal.protocol.messages import decode_request_body, decode_response, encode_request, encode_response
+from kanal.protocol.messages import (
+    decode_request_body,
+    decode_response,
+    encode_request,
+    encode_response,
+    response_type,
+)
 from kanal.protocol.records import RecordSet
 from kanal.protocol.rewrite import broker_addresses, carries_addresses, rewrite_addresses
 
@@ -213,27 +219,33 @@ class ClientConnection:
         return self._next_corr
 
     async def _handle_request(self, frame: bytearray, send: trio.MemorySendChannel[Pending]) -> None:
-        assert self.upstream is not None
-        api_key, version, corr = peek_request(frame)
+        header = parse_request_header(frame)
+        api_key, version = header.api_key, header.api_version
+        if request_class(api_key, version) is None and api_key != ApiKey.API_VERSIONS:
+            # The gateway never offers such a version (ApiVersions is answered by the broker
+            # even for versions it does not know, as clients rely on that to negotiate).
+            raise ProtocolViolation(f"unsupported request: api key {api_key} version {version}")
         started = time.perf_counter()
+        self.info.client_id = header.client_id
         self.gateway.metrics.request(api_key, len(frame))
         chain = self.chain()
-        header: RequestHeader | None = None
-        if chain.decode_request(api_key) and request_class(api_key, version) is not None:
-            header = parse_request_header(frame)
-            self.info.client_id = header.client_id
+        if chain.decode_request(api_key):
             await self._intercept_request(frame, header, chain, send, started)
             return
-        expects = True
-        if api_key == ApiKey.PRODUCE:
-            header = parse_request_header(frame)
-            expects = produce_acks(frame, header) != 0
+        expects = api_key != ApiKey.PRODUCE or produce_acks(frame, header) != 0
         upstream_corr = self._upstream_corr()
         set_request_correlation_id(frame, upstream_corr)
         if expects:
             await send.send(
-                Pending(corr, api_key, version, header.client_id if header else None, upstream_corr,
-                        decode=_needs_response_decode(chain, api_key, version), started=started)
+                Pending(
+                    header.correlation_id,
+                    api_key,
+                    version,
+                    header.client_id,
+                    upstream_corr,
+                    decode=_needs_response_decode(chain, api_key, version),
+                    started=started,
+                )
             )
         await self._send_upstream(frame)
 
@@ -244,29 +256,48 @@ class ClientConnection:
         await self.upstream.send_frame(frame)
 
     async def _intercept_request(
-        self, frame: bytearray, header: RequestHeader, chain: ResolvedChain,
-        send: trio.MemorySendChannel[Pending], started: float,
+        self,
+        frame: bytearray,
+        header: RequestHeader,
+        chain: ResolvedChain,
+        send: trio.MemorySendChannel[Pending],
+        started: float,
     ) -> None:
         assert self.upstream is not None
         api_key, version = header.api_key, header.api_version
         original = decode_request_body(api_key, version, frame, header.body_offset)
-        ctx = RequestContext(self.info, api_key, version, header.correlation_id, header.client_id, original,
-                             self.gateway.topic_names)
+        ctx = RequestContext(
+            self.info, api_key, version, header.correlation_id, header.client_id, original, self.gateway.topic_names
+        )
         result = await _run_hooks(chain.requests_for(api_key), ctx)
         expects = api_key != ApiKey.PRODUCE or ctx.request.acks != 0
-        pending = Pending(header.correlation_id, api_key, version, header.client_id, started=started,
-                          decode=_needs_response_decode(chain, api_key, version))
+        pending = Pending(
+            header.correlation_id,
+            api_key,
+            version,
+            header.client_id,
+            started=started,
+            decode=_needs_response_decode(chain, api_key, version),
+        )
         if result is None and api_key == ApiKey.PRODUCE and chain.produce_records:
             ctx.request = await self._produce_records(ctx, chain, pending)
             if ctx.request is None:  # every partition failed: answer without going upstream
-                result = Respond(self._merge_partition_errors(build(response_class(api_key, version)), pending))
+                result = Respond(self._merge_partition_errors(build(response_type(api_key, version)), pending))
         if isinstance(result, Close):
             raise ProtocolViolation(f"closed by interceptor: {result.reason}")
         if isinstance(result, Respond | Reject):
             if expects:
-                body = result.response if isinstance(result, Respond) else error_response(
-                    api_key, version, ctx.request if ctx.request is not None else original,
-                    result.error_code, result.message)
+                body = (
+                    result.response
+                    if isinstance(result, Respond)
+                    else error_response(
+                        api_key,
+                        version,
+                        ctx.request if ctx.request is not None else original,
+                        result.error_code,
+                        result.message,
+                    )
+                )
                 pending.local = encode_response(body, header.correlation_id)
                 await send.send(pending)
             return
@@ -294,8 +325,9 @@ class ClientConnection:
             partitions = []
             for part in topic.partition_data:
                 records = RecordSet.parse(part.records)
-                rctx = RecordsContext(self.info, ctx.api_key, ctx.api_version, ctx.client_id, name,
-                                      int(part.index), records)
+                rctx = RecordsContext(
+                    self.info, ctx.api_key, ctx.api_version, ctx.client_id, name, int(part.index), records
+                )
                 outcome = await _run_hooks(chain.produce_records, rctx)
                 if isinstance(outcome, PartitionError):
                     pending.partition_errors.append((name, getattr(topic, "topic_id", None), int(part.index), outcome))
@@ -324,19 +356,20 @@ class ClientConnection:
             return response
         topic_cls = nested(type(response), "responses")
         part_cls = nested(topic_cls, "partition_responses")
-        by_topic = {getattr(t, "name", None) or t.topic_id: t for t in response.responses}
+        by_name = has_field(topic_cls, "name")
+        topics = {t.name if by_name else t.topic_id: t for t in response.responses}
         for name, topic_id, index, error in pending.partition_errors:
-            key = name if "name" in topic_cls.__dataclass_fields__ else topic_id
-            entry = build(part_cls, index=index, error_code=error.error_code, base_offset=-1,
-                          **({"error_message": error.message} if "error_message" in part_cls.__dataclass_fields__ else {}),
-                          **({"log_start_offset": -1} if "log_start_offset" in part_cls.__dataclass_fields__ else {}))
-            topic = by_topic.get(key)
+            extra: dict[str, Any] = {"log_start_offset": -1} if has_field(part_cls, "log_start_offset") else {}
+            if has_field(part_cls, "error_message"):
+                extra["error_message"] = error.message
+            entry = build(part_cls, index=index, error_code=ErrorCode(error.error_code), base_offset=-1, **extra)
+            key = name if by_name else topic_id
+            topic = topics.get(key)
             if topic is None:
-                by_topic[key] = build(topic_cls, **({"name": name} if "name" in topic_cls.__dataclass_fields__
-                                                  else {"topic_id": topic_id}), partition_responses=(entry,))
+                topics[key] = build(topic_cls, **{"name" if by_name else "topic_id": key}, partition_responses=(entry,))
             else:
-                by_topic[key] = replace(topic, partition_responses=(*topic.partition_responses, entry))
-        return replace(response, responses=tuple(by_topic.values()))
+                topics[key] = replace(topic, partition_responses=(*topic.partition_responses, entry))
+        return replace(response, responses=tuple(topics.values()))
 
     # -- responses ---------------------------------------------------------------------------
 
@@ -365,8 +398,16 @@ class ClientConnection:
             body = await self._fetch_records(body, pending, chain)
         hooks = chain.responses_for(api_key)
         if hooks:
-            ctx = ResponseContext(self.info, api_key, pending.api_version, pending.client_corr, pending.client_id,
-                                  pending.request, body, gateway.topic_names)
+            ctx = ResponseContext(
+                self.info,
+                api_key,
+                pending.api_version,
+                pending.client_corr,
+                pending.client_id,
+                pending.request,
+                body,
+                gateway.topic_names,
+            )
             result = await _run_hooks(hooks, ctx)
             if isinstance(result, Close):
                 raise ProtocolViolation(f"closed by interceptor: {result.reason}")
@@ -386,8 +427,15 @@ class ClientConnection:
                     partitions.append(part)
                     continue
                 records = RecordSet.parse(part.records)
-                rctx = RecordsContext(self.info, pending.api_key, pending.api_version, pending.client_id, name,
-                                      int(part.partition_index), records)
+                rctx = RecordsContext(
+                    self.info,
+                    pending.api_key,
+                    pending.api_version,
+                    pending.client_id,
+                    name,
+                    int(part.partition_index),
+                    records,
+                )
                 outcome = await _run_hooks(chain.fetch_records, rctx)
                 if isinstance(outcome, PartitionError):
                     part = replace(part, error_code=outcome.error_code, records=None)

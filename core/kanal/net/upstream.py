@@ -12,7 +12,7 @@ from kio.schema.errors import ErrorCode
 from kanal.config.upstream import UpstreamSettings
 from kanal.net.channel import KafkaChannel, RequestChannel
 from kanal.net.tls import upstream_context
-from kanal.protocol.api import request_class
+from kanal.protocol.api import require_request_class
 from kanal.protocol.entities import build, nested
 from kanal.protocol.sasl import SaslError, mechanism_for
 
@@ -28,7 +28,7 @@ class UpstreamError(ConnectionError):
 async def _sasl(channel: KafkaChannel, upstream: UpstreamSettings) -> None:
     assert upstream.sasl_mechanism and upstream.sasl_username is not None and upstream.sasl_password is not None
     calls = RequestChannel(channel)
-    handshake = await calls.call(build(request_class(17, 1), mechanism=upstream.sasl_mechanism))
+    handshake = await calls.call(build(require_request_class(17, 1), mechanism=upstream.sasl_mechanism))
     if handshake.error_code != ErrorCode.none:
         raise UpstreamError(
             f"upstream refused SASL mechanism {upstream.sasl_mechanism} ({handshake.error_code.name}); "
@@ -37,7 +37,7 @@ async def _sasl(channel: KafkaChannel, upstream: UpstreamSettings) -> None:
     mechanism = mechanism_for(upstream.sasl_mechanism, upstream.sasl_username, upstream.sasl_password)
     message: bytes | None = mechanism.start()
     while message is not None:
-        reply = await calls.call(build(request_class(36, 2), auth_bytes=message))
+        reply = await calls.call(build(require_request_class(36, 2), auth_bytes=message))
         if reply.error_code != ErrorCode.none:
             raise UpstreamError(f"upstream SASL authentication failed: {reply.error_message or reply.error_code.name}")
         try:
@@ -47,7 +47,10 @@ async def _sasl(channel: KafkaChannel, upstream: UpstreamSettings) -> None:
 
 
 async def open_upstream(
-    address: Address, upstream: UpstreamSettings, timeout: float, max_frame_size: int,
+    address: Address,
+    upstream: UpstreamSettings,
+    timeout: float,
+    max_frame_size: int,
     context: ssl.SSLContext | None = None,
 ) -> KafkaChannel:
     """A ready channel to one broker: connected, TLS-wrapped and authenticated as configured."""
@@ -97,8 +100,9 @@ class ControlClient:
                 last = exc
                 continue
             calls = RequestChannel(channel, "kanal-gateway")
-            reply = await calls.call(build(request_class(18, 3), client_software_name="kanal",
-                                           client_software_version="0"))
+            reply = await calls.call(
+                build(require_request_class(18, 3), client_software_name="kanal", client_software_version="0")
+            )
             self.versions = {int(k.api_key): (int(k.min_version), int(k.max_version)) for k in reply.api_keys}
             return calls
         raise UpstreamError(str(last) if last else "no bootstrap servers")
@@ -120,8 +124,13 @@ class ControlClient:
                 try:
                     with trio.fail_after(self.timeout):
                         return await self._calls.call(body)
-                except (OSError, trio.BrokenResourceError, trio.ClosedResourceError, ConnectionError,
-                        trio.TooSlowError) as exc:
+                except (
+                    OSError,
+                    trio.BrokenResourceError,
+                    trio.ClosedResourceError,
+                    ConnectionError,
+                    trio.TooSlowError,
+                ) as exc:
                     await self.aclose_unlocked()
                     if attempt == 2:
                         raise UpstreamError(f"upstream call failed: {exc}") from exc
@@ -130,7 +139,7 @@ class ControlClient:
     async def metadata(self, topics: list[str] | None = None) -> Any:
         """A Metadata response for the given topics (None: all topics)."""
         version = self.version_for(3, 12)
-        cls = request_class(3, version)
+        cls = require_request_class(3, version)
         requested = None if topics is None else tuple(build(nested(cls, "topics"), name=t) for t in topics)
         return await self.call(build(cls, topics=requested, allow_auto_topic_creation=False))
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 from importlib.metadata import entry_points
-from typing import Any
+from typing import Any, cast
 
 import pluggy
 
@@ -46,7 +46,8 @@ class PluginRegistry:
         self.manager.register(plugin, name=name)
         impls = [i for i in self.manager.hook.kanal_interceptor_types.get_hookimpls() if i.plugin is plugin]
         for impl in impls:
-            for cls in impl.function():
+            types = cast(list[type[Interceptor]], impl.function())
+            for cls in types:
                 self._add_type(cls, name)
 
     def _add_type(self, cls: type[Interceptor], plugin_name: str) -> None:

@@ -47,7 +47,7 @@ class ApiKey(IntEnum):
 
 def api_name(api_key: int) -> str:
     """The Kafka name of an API key (``Produce``), or ``Unknown(<key>)``."""
-    name = api_key_map.get(api_key)  # type: ignore[call-overload]
+    name = api_key_map.get(api_key)
     if name is None:
         return f"Unknown({api_key})"
     return "".join(part.capitalize() for part in str(name).split("_"))
@@ -56,7 +56,7 @@ def api_name(api_key: int) -> str:
 @cache
 def supported_versions(api_key: int) -> tuple[int, int] | None:
     """The (min, max) versions the gateway can decode for an API key, or None."""
-    name = api_key_map.get(api_key)  # type: ignore[call-overload]
+    name = api_key_map.get(api_key)
     if name is None:
         return None
     versions = sorted(schema_name_map[name])
@@ -79,6 +79,14 @@ def response_class(api_key: int, version: int) -> Any | None:
         return load_response_schema(api_key, version)
     except (UnknownAPIKey, UnknownEntity):
         return None
+
+
+def require_request_class(api_key: int, version: int) -> Any:
+    """The kio request class, for the gateway's own requests (whose versions it chooses)."""
+    cls = request_class(api_key, version)
+    if cls is None:
+        raise LookupError(f"no request schema for api key {api_key} version {version}")
+    return cls
 
 
 @cache

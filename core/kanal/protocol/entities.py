@@ -10,6 +10,7 @@ import datetime
 import uuid
 from dataclasses import MISSING, fields, is_dataclass
 from functools import cache
+from types import UnionType
 from typing import Any, Union, get_args, get_origin, get_type_hints
 
 from kio.schema.errors import ErrorCode
@@ -36,9 +37,8 @@ def hints(cls: type) -> dict[str, Any]:
 def _default_for(field_type: Any, kafka_type: str | None) -> Any:
     """A neutral value for a required field: zero, empty, or a nested default entity."""
     origin = get_origin(field_type)
-    if origin is Union or str(origin) == "<class 'types.UnionType'>":
-        if type(None) in get_args(field_type):
-            return None
+    if (origin is Union or isinstance(field_type, UnionType)) and type(None) in get_args(field_type):
+        return None
     if origin is tuple:
         return ()
     if kafka_type is not None:
@@ -47,7 +47,7 @@ def _default_for(field_type: Any, kafka_type: str | None) -> Any:
         if kafka_type == "datetime_i64":
             return datetime.datetime.fromtimestamp(0, datetime.UTC)
         return _PRIMITIVE_DEFAULTS.get(kafka_type)
-    if is_dataclass(field_type):
+    if isinstance(field_type, type) and is_dataclass(field_type):
         return build(field_type)
     return None
 
@@ -56,7 +56,7 @@ def build(cls: type, **values: Any) -> Any:
     """An instance of a kio entity with the given fields and neutral values for the rest."""
     types = hints(cls)
     kwargs: dict[str, Any] = {}
-    for f in fields(cls):  # type: ignore[arg-type]
+    for f in fields(cls):
         if f.name in values:
             kwargs[f.name] = values[f.name]
         elif f.default is MISSING and f.default_factory is MISSING:
@@ -66,7 +66,10 @@ def build(cls: type, **values: Any) -> Any:
 
 def nested(cls: type, field_name: str) -> type:
     """The entity class of a tuple field (``tuple[Entity, ...]``)."""
-    entity: type = get_args(hints(cls)[field_name])[0]
+    hint = hints(cls)[field_name]
+    if get_origin(hint) is not tuple:  # an optional array: tuple[Entity, ...] | None
+        hint = next(a for a in get_args(hint) if get_origin(a) is tuple)
+    entity: type = get_args(hint)[0]
     return entity
 
 

@@ -31,13 +31,22 @@ def _common(cls: type, error_code: int, message: str | None) -> dict[str, Any]:
 
 
 def _partitions(
-    topic_cls: type, topic: Any, topic_key: str, parts_field: str, part_key: str, req_parts: str,
-    req_part_key: str, error_code: int, message: str | None, extra: dict[str, Any] | None = None,
+    topic_cls: type,
+    topic: Any,
+    topic_key: str,
+    parts_field: str,
+    part_key: str,
+    req_parts: str,
+    req_part_key: str,
+    error_code: int,
+    message: str | None,
+    extra: dict[str, Any] | None = None,
 ) -> Any:
     part_cls = _nested(topic_cls, parts_field)
     parts = tuple(
-        build(part_cls, **{part_key: getattr(p, req_part_key)}, **_common(part_cls, error_code, message),
-              **(extra or {}))
+        build(
+            part_cls, **{part_key: getattr(p, req_part_key)}, **_common(part_cls, error_code, message), **(extra or {})
+        )
         for p in getattr(topic, req_parts)
     )
     values = {parts_field: parts}
@@ -57,10 +66,20 @@ def error_response(api_key: int, version: int, request: Any, error_code: int, me
     if api_key == ApiKey.PRODUCE:
         topic_cls = _nested(cls, "responses")
         top["responses"] = tuple(
-            _partitions(topic_cls, t, "name", "partition_responses", "index", "partition_data", "index",
-                        error_code, message, {"base_offset": -1, "log_start_offset": -1}
-                        if _has(_nested(topic_cls, "partition_responses"), "log_start_offset")
-                        else {"base_offset": -1})
+            _partitions(
+                topic_cls,
+                t,
+                "name",
+                "partition_responses",
+                "index",
+                "partition_data",
+                "index",
+                error_code,
+                message,
+                {"base_offset": -1, "log_start_offset": -1}
+                if _has(_nested(topic_cls, "partition_responses"), "log_start_offset")
+                else {"base_offset": -1},
+            )
             for t in request.topic_data
         )
         top.pop("error_code", None)
@@ -69,16 +88,35 @@ def error_response(api_key: int, version: int, request: Any, error_code: int, me
         part_cls = _nested(topic_cls, "partitions")
         extra = {k: -1 for k in ("high_watermark", "last_stable_offset", "log_start_offset") if _has(part_cls, k)}
         top["responses"] = tuple(
-            _partitions(topic_cls, t, "topic", "partitions", "partition_index", "partitions", "partition",
-                        error_code, message, extra)
+            _partitions(
+                topic_cls,
+                t,
+                "topic",
+                "partitions",
+                "partition_index",
+                "partitions",
+                "partition",
+                error_code,
+                message,
+                extra,
+            )
             for t in request.topics
         )
         top.pop("error_message", None)
     elif api_key in (ApiKey.LIST_OFFSETS, ApiKey.OFFSET_COMMIT, ApiKey.TXN_OFFSET_COMMIT, ApiKey.OFFSET_DELETE):
         topic_cls = _nested(cls, "topics")
         top["topics"] = tuple(
-            _partitions(topic_cls, t, "name", "partitions", "partition_index", "partitions", "partition_index",
-                        error_code, message)
+            _partitions(
+                topic_cls,
+                t,
+                "name",
+                "partitions",
+                "partition_index",
+                "partitions",
+                "partition_index",
+                error_code,
+                message,
+            )
             for t in request.topics
         )
     elif api_key == ApiKey.CREATE_TOPICS:
@@ -89,9 +127,7 @@ def error_response(api_key: int, version: int, request: Any, error_code: int, me
     elif api_key == ApiKey.DELETE_TOPICS:
         topic_cls = _nested(cls, "responses")
         names = [t.name for t in request.topics] if hasattr(request, "topics") else list(request.topic_names)
-        top["responses"] = tuple(
-            build(topic_cls, name=n, **_common(topic_cls, error_code, message)) for n in names
-        )
+        top["responses"] = tuple(build(topic_cls, name=n, **_common(topic_cls, error_code, message)) for n in names)
     elif api_key == ApiKey.METADATA and request.topics is not None:
         topic_cls = _nested(cls, "topics")
         top["topics"] = tuple(
@@ -106,8 +142,7 @@ def error_response(api_key: int, version: int, request: Any, error_code: int, me
     elif api_key == ApiKey.OFFSET_FETCH and _has(cls, "groups"):
         group_cls = _nested(cls, "groups")
         top["groups"] = tuple(
-            build(group_cls, group_id=g.group_id, **_common(group_cls, error_code, message))
-            for g in request.groups
+            build(group_cls, group_id=g.group_id, **_common(group_cls, error_code, message)) for g in request.groups
         )
     elif "error_code" not in top:
         raise ValueError(f"cannot build an error response for api key {api_key} version {version}")

@@ -7,7 +7,6 @@ for the (api key, version) pairs that a hook or a core rule needs.
 from __future__ import annotations
 
 import io
-from functools import cache
 from typing import Any
 
 from kio.serial import entity_reader, entity_writer
@@ -30,14 +29,22 @@ class UnsupportedApi(ValueError):
     """kio has no schema for this (api key, version)."""
 
 
-@cache
-def _reader(cls: Any) -> Any:
-    return entity_reader(cls)
+_readers: dict[type, Any] = {}
+_writers: dict[type, Any] = {}
 
 
-@cache
-def _writer(cls: Any) -> Any:
-    return entity_writer(cls)
+def _reader(cls: type) -> Any:
+    reader = _readers.get(cls)
+    if reader is None:
+        reader = _readers[cls] = entity_reader(cls)
+    return reader
+
+
+def _writer(cls: type) -> Any:
+    writer = _writers.get(cls)
+    if writer is None:
+        writer = _writers[cls] = entity_writer(cls)
+    return writer
 
 
 def _readonly(frame: bytes | bytearray) -> bytes | memoryview:

@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# Creates .venv (if missing) and installs Kanal with the given extras, from the repo's own files.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+extras="${1:-dev}"
+if [ ! -x .venv/bin/python ]; then
+    python3 -m venv .venv
+fi
+.venv/bin/python -m pip install --quiet --upgrade pip
+.venv/bin/python -m pip install --quiet -e ".[${extras}]"
+if [ "$extras" = "test" ]; then
+    .venv/bin/python -m pip install --quiet -e plugins-contrib/kanal-header-injection
+fi

@@ -1,0 +1,136 @@
+from collections.abc import Mapping
+from typing import Any
+
+import pytest
+
+from kanal.pipeline.chain import Pipeline
+from kanal.pipeline.hookspecs import hookimpl
+from kanal.pipeline.interceptor import Interceptor, InterceptorConfigError, InterceptorSpec, Scope
+from kanal.pipeline.registry import PluginError, PluginRegistry
+from kanal.pipeline.results import Reject
+
+
+class Recorder(Interceptor):
+    plugin_name = "recorder"
+    request_api_keys = frozenset({0, 3})
+
+    def __init__(self, config: Mapping[str, Any]) -> None:
+        super().__init__(config)
+        if not isinstance(config.get("tag", ""), str):
+            raise InterceptorConfigError("tag: expected a string")
+        self.tag = config.get("tag", "")
+
+    @hookimpl
+    def kanal_request(self, ctx: Any) -> Any:
+        ctx.seen.append(self.tag)
+        return Reject(87) if self.tag == "stop" else None
+
+
+class Catchall(Interceptor):
+    plugin_name = "catchall"
+    request_api_keys = None
+
+    @hookimpl
+    def kanal_request(self, ctx: Any) -> Any:
+        return None
+
+
+class BadHook(Interceptor):
+    plugin_name = "bad-hook"
+
+    @hookimpl
+    def kanal_request(self, ctx: Any, extra: int) -> Any:
+        return None
+
+
+class Plugin:
+    @hookimpl
+    def kanal_interceptor_types(self) -> list[type[Interceptor]]:
+        return [Recorder, Catchall, BadHook]
+
+
+@pytest.fixture
+def pipeline() -> Pipeline:
+    registry = PluginRegistry()
+    registry.register(Plugin(), "test-plugin")
+    return Pipeline(registry)
+
+
+def spec(name: str, priority: int = 100, scope: Scope | None = None, **config: Any) -> InterceptorSpec:
+    return InterceptorSpec(name=name, plugin="recorder", priority=priority, scope=scope or Scope(), config=config)
+
+
+def test_lower_priority_runs_first(pipeline: Pipeline) -> None:
+    pipeline.configure([spec("b", 20, tag="b"), spec("a", 10, tag="a"), spec("c", 30, tag="c")])
+    chain = pipeline.resolve()
+    assert [c.spec.name for c in chain.interceptors] == ["a", "b", "c"]
+
+    class Ctx:
+        seen: list[str] = []
+
+    for hook in chain.requests_for(0):
+        hook(Ctx)
+    assert Ctx.seen == ["a", "b", "c"]
+    assert chain.requests_for(1) == []
+    assert chain.decode_request(0) and chain.decode_request(3) and not chain.decode_request(1)
+
+
+def test_most_specific_scope_replaces_global(pipeline: Pipeline) -> None:
+    pipeline.configure(
+        [
+            spec("policy", tag="global"),
+            spec("policy", scope=Scope(group="team"), tag="group"),
+            spec("policy", scope=Scope(username="bob"), tag="bob"),
+            spec("other", scope=Scope(vcluster="vc1"), tag="vc"),
+        ]
+    )
+    assert [c.instance.tag for c in pipeline.resolve().interceptors] == ["global"]  # type: ignore[attr-defined]
+    assert [c.instance.tag for c in pipeline.resolve("alice", ("team",)).interceptors] == ["group"]  # type: ignore[attr-defined]
+    assert [c.instance.tag for c in pipeline.resolve("bob", ("team",)).interceptors] == ["bob"]  # type: ignore[attr-defined]
+    tags = sorted(c.instance.tag for c in pipeline.resolve("carol", (), "vc1").interceptors)  # type: ignore[attr-defined]
+    assert tags == ["global", "vc"]
+
+
+def test_catchall_forces_decoding_of_everything(pipeline: Pipeline) -> None:
+    pipeline.configure([InterceptorSpec(name="all", plugin="catchall")])
+    chain = pipeline.resolve()
+    assert chain.decode_request(42) and len(chain.requests_for(42)) == 1
+
+
+def test_configure_is_all_or_nothing(pipeline: Pipeline) -> None:
+    pipeline.configure([spec("a", tag="a")])
+    version = pipeline.version
+    with pytest.raises(InterceptorConfigError, match=r"interceptor 'b' \(recorder\): tag: expected a string"):
+        pipeline.configure([spec("a", tag="a"), spec("b", tag=5)])
+    assert pipeline.version == version and [s.name for s in pipeline.specs()] == ["a"]
+
+
+def test_unknown_plugin_lists_the_known_ones(pipeline: Pipeline) -> None:
+    with pytest.raises(InterceptorConfigError, match="unknown plugin 'nope'.*catchall, recorder"):
+        pipeline.configure([InterceptorSpec(name="x", plugin="nope")])
+
+
+def test_hook_signature_is_checked_against_the_hookspec(pipeline: Pipeline) -> None:
+    with pytest.raises(InterceptorConfigError, match="extra"):
+        pipeline.configure([InterceptorSpec(name="x", plugin="bad-hook")])
+
+
+def test_type_name_or_qualified_class(pipeline: Pipeline) -> None:
+    pipeline.configure([InterceptorSpec(name="x", plugin=f"{Recorder.__module__}:Recorder")])
+    assert pipeline.resolve().interceptors[0].spec.name == "x"
+
+
+def test_duplicate_type_names_from_two_plugins_are_refused() -> None:
+    registry = PluginRegistry()
+    registry.register(Plugin(), "one")
+
+    class Twin(Recorder):
+        pass
+
+    class Other:
+        @hookimpl
+        def kanal_interceptor_types(self) -> list[type[Interceptor]]:
+            return [Twin]
+
+    with pytest.raises(PluginError, match="provided by both one and two"):
+        registry.register(Other(), "two")

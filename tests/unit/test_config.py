@@ -1,0 +1,143 @@
+import pytest
+
+from kanal.config.errors import ConfigError
+from kanal.config.loader import load_settings
+from kanal.config.placeholders import expand
+from kanal.config.settings import build_settings
+from kanal.config.upstream import parse_jaas
+
+
+def test_defaults() -> None:
+    s = build_settings({})
+    assert (s.port_start, s.port_count, s.min_broker_id, s.http_port, s.cluster_id) == (
+        6969,
+        None,
+        None,
+        8888,
+        "gateway",
+    )
+    assert s.upstream.bootstrap_servers == (("127.0.0.1", 9092),)
+    assert s.max_frame_size == 100 * 1024 * 1024
+
+
+def test_environment_wins_over_file() -> None:
+    s = build_settings({"GATEWAY_PORT_START": "7000"}, {"gateway": {"portStart": 8000, "portCount": 5}})
+    assert (s.port_start, s.port_count) == (7000, 5)
+
+
+@pytest.mark.parametrize(
+    "env,key,problem",
+    [
+        ({"GATEWAY_PORT_START": "abc"}, "GATEWAY_PORT_START", "expected an integer"),
+        ({"GATEWAY_PORT_START": "70000"}, "GATEWAY_PORT_START", "between 1 and 65535"),
+        ({"GATEWAY_PORT_STRAT": "1"}, "GATEWAY_PORT_STRAT", "did you mean GATEWAY_PORT_START"),
+        ({"GATEWAY_LOG_FORMAT": "xml"}, "GATEWAY_LOG_FORMAT", "expected one of text, json"),
+        ({"GATEWAY_FEATURE_FLAGS_AUDIT": "maybe"}, "GATEWAY_FEATURE_FLAGS_AUDIT", "expected true or false"),
+        ({"KAFKA_BOOTSTRAP_SERVERS": "nohost"}, "KAFKA_BOOTSTRAP_SERVERS", "expected host:port"),
+        ({"KAFKA_SECURITY_PROTOCOL": "TLS"}, "KAFKA_SECURITY_PROTOCOL", "expected one of"),
+        (
+            {"KAFKA_SECURITY_PROTOCOL": "SASL_PLAINTEXT", "KAFKA_SASL_MECHANISM": "GSSAPI"},
+            "KAFKA_SASL_MECHANISM",
+            "expected one of",
+        ),
+        ({"KAFKA_SECURITY_PROTOCOL": "SASL_PLAINTEXT"}, "KAFKA_SASL_JAAS_CONFIG", "needs a username"),
+        ({"GATEWAY_SECURITY_PROTOCOL": "SSL"}, "GATEWAY_SSL_CERTIFICATE_LOCATION", "required"),
+    ],
+)
+def test_bad_settings_name_the_key(env: dict[str, str], key: str, problem: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        build_settings(env)
+    assert info.value.key == key
+    assert problem in str(info.value)
+
+
+def test_feature_flags() -> None:
+    s = build_settings({"GATEWAY_FEATURE_FLAGS_LIFECYCLE_METRICS": "true"})
+    assert s.feature("lifecycle_metrics") and not s.feature("audit")
+
+
+def test_upstream_sasl_from_jaas() -> None:
+    s = build_settings(
+        {
+            "KAFKA_BOOTSTRAP_SERVERS": "b1:9092, SASL_SSL://b2:9093",
+            "KAFKA_SECURITY_PROTOCOL": "sasl_ssl",
+            "KAFKA_SASL_MECHANISM": "SCRAM-SHA-512",
+            "KAFKA_SASL_JAAS_CONFIG": "org.apache.kafka.common.security.scram.ScramLoginModule required "
+            'username="alice" password="p\\"w";',
+            "KAFKA_SSL_ENDPOINT_IDENTIFICATION_ALGORITHM": "",
+        }
+    )
+    u = s.upstream
+    assert u.bootstrap_servers == (("b1", 9092), ("b2", 9093))
+    assert (u.security_protocol, u.sasl_mechanism, u.sasl_username, u.sasl_password) == (
+        "SASL_SSL",
+        "SCRAM-SHA-512",
+        "alice",
+        'p"w',
+    )
+    assert u.uses_tls and u.uses_sasl and not u.ssl_check_hostname
+    assert u.properties["ssl.endpoint.identification.algorithm"] == ""
+
+
+def test_explicit_sasl_user_password_variables() -> None:
+    s = build_settings(
+        {"KAFKA_SECURITY_PROTOCOL": "SASL_PLAINTEXT", "KAFKA_SASL_USERNAME": "u", "KAFKA_SASL_PASSWORD": "p"}
+    )
+    assert (s.upstream.sasl_mechanism, s.upstream.sasl_username, s.upstream.sasl_password) == ("PLAIN", "u", "p")
+
+
+def test_jaas_parsing() -> None:
+    assert parse_jaas('x required username="a b" password="c";') == {"username": "a b", "password": "c"}
+
+
+def test_placeholders() -> None:
+    env = {"A": "1"}
+    assert expand({"x": ["${A}", "${B|two}", "${A|x}-${B|}"]}, env, "config") == {"x": ["1", "two", "1-"]}
+    with pytest.raises(ConfigError) as info:
+        expand({"x": {"y": "${MISSING}"}}, env, "config")
+    assert info.value.key == "config.x.y" and "MISSING is not set" in str(info.value)
+
+
+def test_yaml_file_with_interceptors(tmp_path: pytest.TempPathFactory) -> None:
+    path = tmp_path / "kanal.yaml"  # type: ignore[operator]
+    path.write_text(
+        "gateway:\n  portStart: ${PORT|7100}\nkafka:\n  bootstrap.servers: ${BROKER}\n"
+        "interceptors:\n  - name: inject\n    plugin: header-injection\n    priority: 5\n"
+        "    scope: {username: bob}\n    config: {headers: {a: b}}\n"
+    )
+    s = load_settings(path, {"BROKER": "k:1"})
+    assert s.port_start == 7100 and s.upstream.bootstrap_servers == (("k", 1),)
+    (spec,) = s.interceptors
+    assert (spec.name, spec.plugin, spec.priority, spec.scope.username, spec.config) == (
+        "inject",
+        "header-injection",
+        5,
+        "bob",
+        {"headers": {"a": "b"}},
+    )
+
+
+@pytest.mark.parametrize(
+    "doc,key",
+    [
+        ({"interceptors": [{"plugin": "x"}]}, "interceptors[0].name"),
+        ({"interceptors": [{"name": "a"}]}, "interceptors[0].plugin"),
+        ({"interceptors": [{"name": "a", "plugin": "x", "priority": "high"}]}, "interceptors[0].priority"),
+        ({"interceptors": [{"name": "a", "plugin": "x", "scope": {"team": 1}}]}, "interceptors[0].scope.team"),
+        (
+            {"interceptors": [{"name": "a", "plugin": "x", "scope": {"group": "g", "username": "u"}}]},
+            "interceptors[0].scope",
+        ),
+        ({"gateway": {"portStrat": 1}}, "gateway.portStrat"),
+        ({"gatway": {}}, "gatway"),
+    ],
+)
+def test_bad_file_names_the_path(doc: dict[str, object], key: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        build_settings({}, doc)
+    assert info.value.key == key
+
+
+def test_unreadable_file(tmp_path: pytest.TempPathFactory) -> None:
+    with pytest.raises(ConfigError, match="cannot read"):
+        load_settings(str(tmp_path / "missing.yaml"), {})  # type: ignore[operator]
