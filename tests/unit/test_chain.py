@@ -106,7 +106,7 @@ def test_configure_is_all_or_nothing(pipeline: Pipeline) -> None:
 
 
 def test_unknown_plugin_lists_the_known_ones(pipeline: Pipeline) -> None:
-    with pytest.raises(InterceptorConfigError, match="unknown plugin 'nope'.*catchall, recorder"):
+    with pytest.raises(InterceptorConfigError, match=r"unknown plugin 'nope'.*catchall, recorder"):
         pipeline.configure([InterceptorSpec(name="x", plugin="nope")])
 
 

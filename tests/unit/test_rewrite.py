@@ -1,7 +1,7 @@
 from kafka_captures import frames
 
-from kanal.protocol.api_versions import intersect
 from kanal.protocol.api import supported_versions
+from kanal.protocol.api_versions import intersect
 from kanal.protocol.entities import build, nested
 from kanal.protocol.messages import decode_response, response_type
 from kanal.protocol.rewrite import broker_addresses, carries_addresses, rewrite_addresses
