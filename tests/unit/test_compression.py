@@ -6,13 +6,13 @@ import gzip
 import io
 import os
 import struct
+import warnings
 
 import cramjam
 import lz4.frame
 import pytest
 import snappy
 import zstandard
-from kafka import codec as kcodec
 
 from kanal.protocol.records.compression import (
     CODEC_NAMES,
@@ -26,9 +26,13 @@ from kanal.protocol.records.compression import (
     decompress,
 )
 
+with warnings.catch_warnings():  # kafka-python's import emits importlib.resources deprecations
+    warnings.simplefilter("ignore", DeprecationWarning)
+    from kafka import codec as kcodec
+
 CODECS = [NONE, GZIP, SNAPPY, LZ4, ZSTD]
 TEXT = b"".join(b'{"id":"ord-%08d","amount":%d,"currency":"EUR"}' % (i, i * 7) for i in range(3000))
-SAMPLES = [b"", b"x", TEXT, os.urandom(70_000), TEXT[:32 * 1024], TEXT[: 32 * 1024 + 1]]
+SAMPLES = [b"", b"x", TEXT, os.urandom(70_000), TEXT[: 32 * 1024], TEXT[: 32 * 1024 + 1]]
 
 
 @pytest.mark.parametrize("codec", CODECS, ids=lambda c: CODEC_NAMES[c])

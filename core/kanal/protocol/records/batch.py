@@ -14,7 +14,8 @@ Offsets rule for edited batches (why: consumers advance by ``base_offset + last_
 and a fetch must never stall or re-deliver): re-encoding keeps ``base_offset``, the offset deltas
 of the records that remain, and the batch's ``last_offset_delta`` (raised only if a record carries
 a larger delta). So dropping the last records, or all of them, still lets a consumer move past the
-whole batch; an emptied batch is emitted with ``recordsCount`` 0. Brokers validating a *Produce*
+whole batch; an emptied batch is emitted with ``recordsCount`` 0, no records area and codec
+NONE (as Kafka's log cleaner writes them). Brokers validating a *Produce*
 batch want dense deltas ``0..n-1`` instead: call :meth:`RecordBatch.renumber` there.
 """
 
@@ -26,7 +27,7 @@ from collections.abc import Iterable, Iterator
 import cramjam
 from crc32c import crc32c
 
-from .compression import NONE, BytesLike, UnsupportedCodecError, compress, decompress
+from .compression import CODEC_NAMES, NONE, BytesLike, UnsupportedCodecError, compress, decompress
 
 __all__ = [
     "CONTROL_ABORT",
@@ -172,22 +173,34 @@ class Record:
 def _parse_headers(raw: bytes) -> Headers:
     """Decode a record's header section (count, then key/value pairs), which must fill ``raw``."""
     out: Headers = []
+    append = out.append
+    zz = _read_zz
     try:
-        count, p = _read_zz(raw, 0)
+        count, p = zz(raw, 0)
         if count < 0:
             raise CorruptRecordError(f"negative header count {count}")
         for _ in range(count):
-            n, p = _read_zz(raw, p)
+            x = raw[p]
+            if x < 0x80:
+                n = (x >> 1) ^ -(x & 1)
+                p += 1
+            else:
+                n, p = zz(raw, p)
             if n < 0:
                 raise CorruptRecordError(f"negative header key length {n}")
             # surrogateescape: a key that is not UTF-8 still re-encodes to the same bytes
             hk = raw[p : p + n].decode("utf-8", "surrogateescape")
             p += n
-            n, p = _read_zz(raw, p)
-            if n < 0:
-                out.append((hk, None))
+            x = raw[p]
+            if x < 0x80:
+                n = (x >> 1) ^ -(x & 1)
+                p += 1
             else:
-                out.append((hk, raw[p : p + n]))
+                n, p = zz(raw, p)
+            if n < 0:
+                append((hk, None))
+            else:
+                append((hk, raw[p : p + n]))
                 p += n
     except IndexError as e:
         raise CorruptRecordError("truncated record headers") from e
@@ -345,6 +358,18 @@ def _encode_records(records: Iterable[Record]) -> tuple[bytes, int, int, int]:
     return join(parts), count, max_od, max_tsd
 
 
+def _compressed(attributes: int, count: int, body: bytes) -> tuple[int, bytes]:
+    """Compress a records area with the codec in ``attributes``.
+
+    A batch without records gets no records area and codec NONE, as Kafka's own emptied batches
+    (``writeEmptyHeader``): readers then never try to decompress an empty payload.
+    """
+    if not count:
+        return attributes & ~7, b""
+    codec = attributes & 7
+    return attributes, compress(codec, body) if codec else body
+
+
 def _assemble(
     base_offset: int,
     partition_leader_epoch: int,
@@ -394,8 +419,10 @@ def encode_batch(
     ``last_offset_delta`` defaults to the largest offset delta (0 for no records); ``max_timestamp`` is
     ``base_timestamp`` plus the largest timestamp delta.
     """
+    if compression not in CODEC_NAMES:
+        raise UnsupportedCodecError(compression)
     body, count, max_od, max_tsd = _encode_records(records)
-    attributes = compression & 7
+    attributes = compression
     if timestamp_type == LOG_APPEND_TIME:
         attributes |= _TIMESTAMP_TYPE_BIT
     if transactional:
@@ -405,6 +432,7 @@ def encode_batch(
     if last_offset_delta is None:
         last_offset_delta = max_od if count else 0
     max_timestamp = base_timestamp + max_tsd if count else base_timestamp
+    attributes, body = _compressed(attributes, count, body)
     return _assemble(
         base_offset,
         partition_leader_epoch,
@@ -416,7 +444,7 @@ def encode_batch(
         producer_epoch,
         base_sequence,
         count,
-        compress(compression, body) if compression else body,
+        body,
     )
 
 
@@ -511,14 +539,18 @@ class RecordBatch:
     # -- attributes bits
     @property
     def compression(self) -> int:
+        """Codec code (``attributes & 7``); setting it recompresses the batch on ``to_bytes``."""
         return self.attributes & 7
 
     @compression.setter
     def compression(self, codec: int) -> None:
-        self.attributes = (self.attributes & ~7) | (codec & 7)
+        if codec not in CODEC_NAMES:
+            raise UnsupportedCodecError(codec)
+        self.attributes = (self.attributes & ~7) | codec
 
     @property
     def timestamp_type(self) -> int:
+        """``CREATE_TIME`` (0) or ``LOG_APPEND_TIME`` (1)."""
         return (self.attributes >> 3) & 1
 
     @property
@@ -551,6 +583,7 @@ class RecordBatch:
         return self.base_offset + self.last_offset_delta + 1
 
     def offset_of(self, r: Record) -> int:
+        """Absolute offset of one of this batch's records."""
         return self.base_offset + r.offset_delta
 
     def timestamp_of(self, r: Record) -> int:
@@ -625,6 +658,7 @@ class RecordBatch:
         )
 
     def changed(self) -> bool:
+        """True when ``to_bytes`` would differ from the parsed bytes (records or header edited)."""
         return self._dirty or self._header() != self._orig
 
     def _chunk(self) -> BytesLike:
@@ -657,11 +691,11 @@ class RecordBatch:
             max_timestamp = self.base_timestamp + max_tsd
         else:  # LogAppendTime or no records: the broker-set value stays
             max_timestamp = self.max_timestamp
-        codec = self.attributes & 7
+        attributes, body = _compressed(self.attributes, count, body)
         return _assemble(
             self.base_offset,
             self.partition_leader_epoch,
-            self.attributes,
+            attributes,
             last_offset_delta,
             self.base_timestamp,
             max_timestamp,
@@ -669,7 +703,7 @@ class RecordBatch:
             self.producer_epoch,
             self.base_sequence,
             count,
-            compress(codec, body) if codec else body,
+            body,
         )
 
     def to_bytes(self) -> bytes:
@@ -752,9 +786,11 @@ class RecordSet:
 
     @property
     def is_null(self) -> bool:
+        """A null records field (Kafka distinguishes it from an empty one)."""
         return self._data is None
 
     def changed(self) -> bool:
+        """True when some batch was edited or removed, so ``to_bytes`` must splice."""
         return self._removed or any(b.changed() for b in self.batches)
 
     def remove(self, batch: RecordBatch) -> None:
