@@ -105,10 +105,10 @@ def free_port_block(count: int, host: str = "127.0.0.1", *, attempts: int = 500)
     """
     if count < 1:
         raise ValueError(f"count must be at least 1, got {count}")
-    low, _high = _ephemeral_range()
+    low, high = _ephemeral_range()
     lowest, highest = 10000, low - count
     if highest <= lowest:  # no room below the ephemeral range: use the range above it
-        lowest, highest = _high + 1, 65535 - count + 1
+        lowest, highest = high + 1, 65535 - count + 1
     rng = random.Random(os.urandom(16))
     for _ in range(attempts):
         start = rng.randrange(lowest, highest)
@@ -457,7 +457,9 @@ class TansuBroker:
 
     def _wait_ready(self, proc: subprocess.Popen[bytes], deadline: float) -> None:
         # Ready = our process printed "ready in" and the port answers ApiVersions. Requiring the line
-        # keeps us from mistaking another broker that owns the port for ours.
+        # keeps us from mistaking another broker that owns the port for ours. --silent drops the line.
+        if "--silent" in self.extra_args:
+            self._ready_line.set()
         while True:
             code = proc.poll()
             if code is not None:
