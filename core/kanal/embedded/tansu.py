@@ -334,6 +334,7 @@ class TansuBroker:
     ...     print(broker.bootstrap, broker.node_id)
     127.0.0.1:41234 111
 
+    ``advertised`` (host:port) is the address announced in metadata, for a proxy in front of it;
     ``extra_args`` are appended to the ``tansu broker`` command line (e.g. ``["--authentication"]``);
     ``env`` is added to the inherited environment. When no port is given a free one is picked, and
     start-up is retried on another port if that one got taken in between.
@@ -351,8 +352,10 @@ class TansuBroker:
         binary: str | Path | None = None,
         env: Mapping[str, str] | None = None,
         log_path: str | Path | None = None,
+        advertised: str | None = None,
     ) -> None:
         self.host = host
+        self.advertised = advertised  # host:port announced to clients, when something stands in front
         self._requested_port = port
         self._port: int | None = port
         self.extra_args = list(extra_args)
@@ -402,7 +405,7 @@ class TansuBroker:
             "--listener-url",
             url,
             "--advertised-listener-url",
-            url,
+            f"tcp://{self.advertised}" if self.advertised else url,
             "--storage-engine",
             self.storage_engine,
             *self.extra_args,
