@@ -7,7 +7,7 @@ import logging
 import socket
 import uuid
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import trio
 
@@ -25,6 +25,12 @@ from kanal.protocol.rewrite import Address
 from kanal.protocol.topic_names import TopicNames
 
 log = logging.getLogger(__name__)
+
+
+class Service(Protocol):
+    """A companion task of the gateway; it calls ``task_status.started()`` once it serves."""
+
+    async def __call__(self, gateway: Gateway, *, task_status: trio.TaskStatus[None]) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -75,6 +81,10 @@ class Gateway:
         self._stopping = False
         self._unmapped_warned: set[int] = set()
         self.tap: FrameTap | None = None
+        # Companion services (admin API, state followers...) started once the listeners are up:
+        # each is ``async def service(gateway, *, task_status)`` and runs until cancelled.
+        self.services: list[Service] = []
+        self.stopping = trio.Event()
 
     # -- addresses -----------------------------------------------------------------------------
 
@@ -175,6 +185,8 @@ class Gateway:
         async with trio.open_nursery() as nursery:
             with self._serve_scope:
                 await nursery.start(trio.serve_listeners, self._handle, listeners)
+                for service in self.services:
+                    await nursery.start(service, self)
                 task_status.started(
                     Listening(f"{self.advertised_host}:{ports[0]}", ports[0], ports[-1], self.min_broker_id, upstream)
                 )
@@ -192,6 +204,7 @@ class Gateway:
         if self._stopping:
             return
         self._stopping = True
+        self.stopping.set()
         log.info("shutting down: draining %d client connections", len(self.connections))
         self._serve_scope.cancel()
         for connection in list(self.connections):

@@ -46,6 +46,7 @@ from kanal.protocol.messages import (
 )
 from kanal.protocol.records import RecordSet
 from kanal.protocol.rewrite import broker_addresses, carries_addresses, rewrite_addresses
+from kanal.protocol.scan import has_node_endpoints
 
 if TYPE_CHECKING:
     from kanal.gateway import Gateway
@@ -85,7 +86,8 @@ class Pending:
 
 
 def _needs_response_decode(chain: ResolvedChain, api_key: int, version: int) -> bool:
-    return api_key in _CORE_RESPONSES or carries_addresses(api_key, version) or chain.decode_response(api_key)
+    """Produce and Fetch responses are decoded for the core only when a scan finds leader hints."""
+    return api_key in _CORE_RESPONSES or chain.decode_response(api_key)
 
 
 async def _run_hooks(hooks: list[Any], ctx: Any) -> Any:
@@ -374,7 +376,12 @@ class ClientConnection:
     # -- responses ---------------------------------------------------------------------------
 
     async def _process_response(self, pending: Pending, frame: bytearray) -> bytearray:
-        if not pending.decode or response_class(pending.api_key, pending.api_version) is None:
+        if not pending.decode:
+            if not carries_addresses(pending.api_key, pending.api_version):
+                return frame
+            if not has_node_endpoints(pending.api_key, pending.api_version, frame):
+                return frame
+        if response_class(pending.api_key, pending.api_version) is None:
             return frame
         api_key = pending.api_key
         try:
