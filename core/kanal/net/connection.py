@@ -117,6 +117,17 @@ class ClientConnection:
 
     # -- lifecycle ---------------------------------------------------------------------------
 
+    def _fields(self) -> dict[str, Any]:
+        """Structured fields of this connection's log lines (shown by the JSON log format)."""
+        info = self.info
+        return {
+            "connection_id": info.id,
+            "client_address": info.client_address,
+            "client_id": info.client_id,
+            "principal": info.principal,
+            "listener_address": info.listener_address,
+        }
+
     def drain(self) -> None:
         """Stops reading new requests; in-flight ones are still answered."""
         self._read_scope.cancel()
@@ -133,7 +144,9 @@ class ClientConnection:
         try:
             self.upstream = await gateway.connect_upstream(self.info.node_id)
         except ConnectionError as exc:
-            log.warning("closing client %s: upstream unavailable: %s", self.info.client_address, exc)
+            log.warning(
+                "closing client %s: upstream unavailable: %s", self.info.client_address, exc, extra=self._fields()
+            )
             gateway.metrics.upstream_error()
             await self.client.aclose()
             return
@@ -155,7 +168,7 @@ class ClientConnection:
                     try:
                         await _maybe_await(hook(self.info))
                     except Exception:
-                        log.exception("connection_closed hook failed")
+                        log.exception("connection_closed hook failed", extra=self._fields())
 
     async def _read_client(self, send: trio.MemorySendChannel[Pending], scope: trio.CancelScope) -> None:
         async with send:
@@ -170,12 +183,14 @@ class ClientConnection:
                                 self.gateway.tap(self.info, "c2g", frame)
                             await self._handle_request(frame, send)
                 except (FrameTooLarge, InvalidFrame, InvalidHeader, ProtocolViolation) as exc:
-                    log.warning("closing client %s: %s", self.info.client_address, exc)
+                    log.warning("closing client %s: %s", self.info.client_address, exc, extra=self._fields())
                     scope.cancel()
                 except (trio.BrokenResourceError, trio.ClosedResourceError):
                     scope.cancel()
                 except Exception:
-                    log.exception("closing client %s: request handling failed", self.info.client_address)
+                    log.exception(
+                        "closing client %s: request handling failed", self.info.client_address, extra=self._fields()
+                    )
                     scope.cancel()
 
     async def _write_client(self, receive: trio.MemoryReceiveChannel[Pending], scope: trio.CancelScope) -> None:
@@ -202,16 +217,16 @@ class ClientConnection:
                     await _send_frame(self.client, out)
                     metrics.response(pending.api_key, len(out), time.perf_counter() - pending.started)
         except PeerClosed:
-            log.info("upstream closed the connection of client %s", self.info.client_address)
+            log.info("upstream closed the connection of client %s", self.info.client_address, extra=self._fields())
             metrics.upstream_error()
             scope.cancel()
         except (ProtocolViolation, FrameTooLarge, InvalidFrame) as exc:
-            log.warning("closing client %s: %s", self.info.client_address, exc)
+            log.warning("closing client %s: %s", self.info.client_address, exc, extra=self._fields())
             scope.cancel()
         except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
             scope.cancel()
         except Exception:
-            log.exception("closing client %s: response handling failed", self.info.client_address)
+            log.exception("closing client %s: response handling failed", self.info.client_address, extra=self._fields())
             scope.cancel()
 
     # -- requests ----------------------------------------------------------------------------
