@@ -146,3 +146,56 @@ def _rss_kib(pid: int | None) -> int:
             if line.startswith("VmRSS:"):
                 return int(line.split()[1])
     raise AssertionError("no VmRSS")
+
+
+def _produce_request(topic: str, acks: int, values: list[bytes]) -> object:
+    from kanal.protocol.api import require_request_class
+    from kanal.protocol.entities import build, nested
+    from kanal.protocol.records import Record, encode_batch
+
+    cls = require_request_class(0, 9)
+    topic_cls = nested(cls, "topic_data")
+    part_cls = nested(topic_cls, "partition_data")
+    batch = encode_batch(
+        [Record(i, 0, None, v, []) for i, v in enumerate(values)], base_timestamp=int(time.time() * 1000)
+    )
+    import datetime
+
+    return build(
+        cls,
+        acks=acks,
+        timeout=datetime.timedelta(seconds=5),
+        topic_data=(build(topic_cls, name=topic, partition_data=(build(part_cls, index=0, records=batch),)),),
+    )
+
+
+def test_acks_zero_produce_gets_no_response_and_keeps_order(gateway: GatewayProcess, tansu: object) -> None:
+    from confluent_kafka import Consumer, TopicPartition
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    topic = f"acks0-{time.time_ns()}"
+    admin = AdminClient({"bootstrap.servers": gateway.bootstrap})
+    for future in admin.create_topics([NewTopic(topic, 1)]).values():
+        future.result(timeout=15)
+    client = WireClient(gateway.bootstrap)
+    try:
+        client.call(metadata_request([topic]), 1)
+        client.send(_produce_request(topic, 0, [b"fire", b"and", b"forget"]), 2)
+        client.send(metadata_request([topic]), 3)
+        frame = client.receive()
+        assert response_correlation_id(frame) == 3  # nothing was sent back for the acks=0 produce
+        client.send(_produce_request(topic, 1, [b"acked"]), 4)
+        produced = decode_response(0, 9, client.receive())
+        assert produced.responses[0].partition_responses[0].error_code == 0
+    finally:
+        client.close()
+    consumer = Consumer({"bootstrap.servers": tansu.bootstrap, "group.id": topic})  # type: ignore[attr-defined]
+    consumer.assign([TopicPartition(topic, 0, 0)])
+    values = []
+    deadline = time.monotonic() + 20
+    while len(values) < 4 and time.monotonic() < deadline:
+        msg = consumer.poll(0.5)
+        if msg is not None and not msg.error():
+            values.append(msg.value())
+    consumer.close()
+    assert values == [b"fire", b"and", b"forget", b"acked"]

@@ -13,6 +13,7 @@ from __future__ import annotations
 import inspect
 import logging
 import time
+from collections import deque
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -110,6 +111,8 @@ class ClientConnection:
         self.info = info
         self.upstream: KafkaChannel | None = None
         self._next_corr = 0
+        # Upstream correlation ids of acks=0 produces: Kafka never answers them, some brokers do.
+        self._unanswered: deque[int] = deque()
         self._chain_version = -1
         self._chain: ResolvedChain | None = None
         self._read_scope = trio.CancelScope()
@@ -202,14 +205,7 @@ class ClientConnection:
                     if pending.local is not None:
                         out = pending.local
                     else:
-                        frame = await self.upstream.receive_frame()
-                        if self.gateway.tap is not None:
-                            self.gateway.tap(self.info, "u2g", frame)
-                        corr = response_correlation_id(frame)
-                        if corr != pending.upstream_corr:
-                            raise ProtocolViolation(
-                                f"upstream answered correlation id {corr}, expected {pending.upstream_corr}"
-                            )
+                        frame = await self._upstream_response(pending.upstream_corr)
                         out = await self._process_response(pending, frame)
                         set_response_correlation_id(out, pending.client_corr)
                     if self.gateway.tap is not None:
@@ -228,6 +224,24 @@ class ClientConnection:
         except Exception:
             log.exception("closing client %s: response handling failed", self.info.client_address, extra=self._fields())
             scope.cancel()
+
+    async def _upstream_response(self, expected: int) -> bytearray:
+        """The upstream frame answering ``expected``, skipping answers to acks=0 produces."""
+        assert self.upstream is not None
+        unanswered = self._unanswered
+        while True:
+            frame = await self.upstream.receive_frame()
+            if self.gateway.tap is not None:
+                self.gateway.tap(self.info, "u2g", frame)
+            corr = response_correlation_id(frame)
+            if corr == expected:
+                while unanswered and _sent_before(unanswered[0], expected):
+                    unanswered.popleft()  # never answered, as Kafka specifies
+                return frame
+            if unanswered and corr == unanswered[0]:
+                unanswered.popleft()
+                continue
+            raise ProtocolViolation(f"upstream answered correlation id {corr}, expected {expected}")
 
     # -- requests ----------------------------------------------------------------------------
 
@@ -264,6 +278,8 @@ class ClientConnection:
                     started=started,
                 )
             )
+        else:
+            self._unanswered.append(upstream_corr)
         await self._send_upstream(frame)
 
     async def _send_upstream(self, frame: bytearray) -> None:
@@ -329,6 +345,8 @@ class ClientConnection:
             pending.decode = True
         if expects:
             await send.send(pending)
+        else:
+            self._unanswered.append(pending.upstream_corr)
         await self._send_upstream(out)
 
     async def _produce_records(self, ctx: RequestContext, chain: ResolvedChain, pending: Pending) -> Any:
@@ -468,6 +486,11 @@ class ClientConnection:
                 partitions.append(part)
             topics.append(replace(topic, partitions=tuple(partitions)) if changed else topic)
         return replace(response, responses=tuple(topics)) if changed else response
+
+
+def _sent_before(a: int, b: int) -> bool:
+    """Whether upstream correlation id ``a`` was sent before ``b`` (ids wrap at 2**31)."""
+    return a != b and ((b - a) & 0x7FFFFFFF) < 0x40000000
 
 
 async def _maybe_await(value: Any) -> Any:
