@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import os
+import resource
 import signal
 import sys
 from collections.abc import Sequence
@@ -27,8 +29,18 @@ def _registry() -> PluginRegistry:
     return registry
 
 
+def raise_open_file_limit() -> None:
+    """Each client connection holds two sockets (client and upstream): lift the soft limit on open
+    files to the hard one, so a thousand clients do not exhaust a default of 1024."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY or soft < hard:
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard if hard != resource.RLIM_INFINITY else 1 << 20, hard))
+
+
 async def serve(settings: Settings, registry: PluginRegistry, banner: str = "") -> None:
     """Runs a gateway until SIGINT or SIGTERM, then shuts it down gracefully."""
+    raise_open_file_limit()
     gateway = Gateway(settings, registry)
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
         async with trio.open_nursery() as nursery:
@@ -107,7 +119,7 @@ def _version(args: argparse.Namespace) -> int:
 
 # Modules that add subcommands: each defines ``add_commands(subparsers)``; a command's handler
 # takes the parsed arguments and returns the exit code.
-COMMAND_MODULES: tuple[str, ...] = ()
+COMMAND_MODULES: tuple[str, ...] = ("kanal.conformance.cli",)
 
 
 def build_parser() -> argparse.ArgumentParser:
