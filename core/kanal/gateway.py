@@ -233,6 +233,8 @@ class Gateway:
             if self._stopping:
                 connection.drain()
             await connection.run()
+        except Exception:  # a plugin bug must cost one connection, never the listener
+            log.exception("client connection %s failed", info.client_address)
         finally:
             self.metrics.client_connections.dec()
             self.connections.discard(connection)

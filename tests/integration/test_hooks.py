@@ -71,10 +71,20 @@ class Lifecycle(Interceptor):
         self.events.append(f"closed {connection.client_address}")
 
 
+class BrokenOnOpen(Interceptor):
+    plugin_name = "test-broken-on-open"
+    fail = True
+
+    @hookimpl
+    def kanal_connection_opened(self, connection: Connection) -> None:
+        if BrokenOnOpen.fail:
+            raise RuntimeError("plugin bug")
+
+
 class TestPlugin:
     @hookimpl
     def kanal_interceptor_types(self) -> list[type[Interceptor]]:
-        return [CreateTopicsPolicy, BlockPartitionOne, UppercaseOnFetch, Lifecycle]
+        return [CreateTopicsPolicy, BlockPartitionOne, UppercaseOnFetch, Lifecycle, BrokenOnOpen]
 
 
 def _create(bootstrap: str, topic: str, partitions: int) -> None:
@@ -169,3 +179,20 @@ def test_connection_hooks_see_open_and_close(tansu: TansuBroker) -> None:
     opened = [e for e in Lifecycle.events if e.startswith("opened")]
     closed = [e for e in Lifecycle.events if e.startswith("closed")]
     assert opened and len(closed) == len(opened)
+
+
+def test_a_failing_hook_costs_its_connection_not_the_gateway(tansu: TansuBroker) -> None:
+    from wire import WireClient, metadata_request
+
+    spec = InterceptorSpec(name="broken", plugin="test-broken-on-open")
+    with inprocess_gateway(tansu, {"test": TestPlugin()}, [spec]) as gw:
+        BrokenOnOpen.fail = True
+        victim = WireClient(bootstrap_of(gw))
+        assert victim.closed_by_peer(timeout=10)
+        victim.close()
+        BrokenOnOpen.fail = False
+        healthy = WireClient(bootstrap_of(gw))
+        try:
+            assert healthy.call(metadata_request(), 1).brokers
+        finally:
+            healthy.close()

@@ -97,6 +97,35 @@ def test_catchall_forces_decoding_of_everything(pipeline: Pipeline) -> None:
     assert chain.decode_request(42) and len(chain.requests_for(42)) == 1
 
 
+def test_a_catchall_does_not_widen_what_narrow_interceptors_see(pipeline: Pipeline) -> None:
+    pipeline.configure([InterceptorSpec(name="all", plugin="catchall", priority=50), spec("narrow", 10, tag="n")])
+    chain = pipeline.resolve()
+    assert len(chain.requests_for(42)) == 1  # only the catch-all
+    names = [getattr(h, "__self__").__class__.__name__ for h in chain.requests_for(0)]
+    assert names == ["Recorder", "Catchall"]  # both, in priority order
+
+
+class Misspelt(Interceptor):
+    plugin_name = "misspelt"
+
+    @hookimpl
+    def kanal_produce_record(self, ctx: Any) -> None:
+        return None
+
+
+def test_a_misspelt_hook_is_refused() -> None:
+    registry = PluginRegistry()
+
+    class P:
+        @hookimpl
+        def kanal_interceptor_types(self) -> list[type[Interceptor]]:
+            return [Misspelt]
+
+    registry.register(P(), "p")
+    with pytest.raises(InterceptorConfigError, match="kanal_produce_record"):
+        Pipeline(registry).configure([InterceptorSpec(name="x", plugin="misspelt")])
+
+
 def test_configure_is_all_or_nothing(pipeline: Pipeline) -> None:
     pipeline.configure([spec("a", tag="a")])
     version = pipeline.version

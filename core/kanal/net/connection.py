@@ -115,6 +115,7 @@ class ClientConnection:
         self._unanswered: deque[int] = deque()
         self._chain_version = -1
         self._chain: ResolvedChain | None = None
+        self._identity: tuple[str | None, tuple[str, ...], str | None] = (None, (), None)
         self._read_scope = trio.CancelScope()
         self._reader = FrameReader(gateway.settings.max_frame_size)
 
@@ -136,10 +137,15 @@ class ClientConnection:
         self._read_scope.cancel()
 
     def chain(self) -> ResolvedChain:
+        """The chain for this connection, resolved again when the interceptors or the client's
+        identity (principal, groups, virtual cluster) change."""
         pipeline = self.gateway.pipeline
-        if self._chain is None or self._chain_version != pipeline.version:
-            self._chain = pipeline.resolve(self.info.principal, self.info.groups, self.info.vcluster)
+        info = self.info
+        identity = (info.principal, info.groups, info.vcluster)
+        if self._chain is None or self._chain_version != pipeline.version or self._identity != identity:
+            self._chain = pipeline.resolve(*identity)
             self._chain_version = pipeline.version
+            self._identity = identity
         return self._chain
 
     async def run(self) -> None:
@@ -154,11 +160,10 @@ class ClientConnection:
             await self.client.aclose()
             return
         gateway.metrics.upstream_connections.inc()
-        chain = self.chain()
-        for hook in chain.opened:
-            await _maybe_await(hook(self.info))
         send, receive = trio.open_memory_channel[Pending](gateway.settings.max_in_flight)
         try:
+            for hook in self.chain().opened:
+                await _maybe_await(hook(self.info))
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self._read_client, send, nursery.cancel_scope)
                 nursery.start_soon(self._write_client, receive, nursery.cancel_scope)

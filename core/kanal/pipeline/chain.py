@@ -57,6 +57,7 @@ def instantiate(spec: InterceptorSpec, registry: PluginRegistry) -> Configured:
     manager.add_hookspecs(InterceptorHooks)
     try:
         manager.register(instance, name=spec.name)
+        manager.check_pending()  # a misspelt kanal_* hook would otherwise never be called
     except pluggy.PluginValidationError as exc:
         raise InterceptorConfigError(f"interceptor {spec.name!r} ({spec.plugin}): {exc}") from exc
     hooks: dict[str, Hook] = {}
@@ -73,64 +74,59 @@ class ResolvedChain:
     interceptors: tuple[Configured, ...]
     opened: list[Hook] = field(default_factory=list)
     closed: list[Hook] = field(default_factory=list)
-    request_hooks: dict[int, list[Hook]] = field(default_factory=dict)
-    response_hooks: dict[int, list[Hook]] = field(default_factory=dict)
-    all_request_hooks: list[Hook] = field(default_factory=list)
-    all_response_hooks: list[Hook] = field(default_factory=list)
     produce_records: list[Hook] = field(default_factory=list)
     fetch_records: list[Hook] = field(default_factory=list)
+    _requests: dict[int, list[Hook]] = field(default_factory=dict)
+    _responses: dict[int, list[Hook]] = field(default_factory=dict)
 
     def requests_for(self, api_key: int) -> list[Hook]:
-        return self.all_request_hooks if self.all_request_hooks else self.request_hooks.get(api_key, [])
+        """The ``kanal_request`` hooks that asked for this API, in priority order."""
+        hooks = self._requests.get(api_key)
+        if hooks is None:
+            hooks = self._requests[api_key] = self._select("kanal_request", "request_api_keys", api_key)
+        return hooks
 
     def responses_for(self, api_key: int) -> list[Hook]:
-        return self.all_response_hooks if self.all_response_hooks else self.response_hooks.get(api_key, [])
+        """The ``kanal_response`` hooks that asked for this API, in priority order."""
+        hooks = self._responses.get(api_key)
+        if hooks is None:
+            hooks = self._responses[api_key] = self._select("kanal_response", "response_api_keys", api_key)
+        return hooks
+
+    def _select(self, hook_name: str, keys_attr: str, api_key: int) -> list[Hook]:
+        selected = []
+        for item in self.interceptors:
+            keys = getattr(type(item.instance), keys_attr)
+            if hook_name in item.hooks and (keys is None or api_key in keys):
+                selected.append(item.hooks[hook_name])
+        return selected
 
     def decode_request(self, api_key: int) -> bool:
         """Whether requests of this API must be decoded for a hook."""
         if api_key == ApiKey.PRODUCE and self.produce_records:
             return True
-        return bool(self.all_request_hooks) or api_key in self.request_hooks
+        return bool(self.requests_for(api_key))
 
     def decode_response(self, api_key: int) -> bool:
         """Whether responses of this API must be decoded for a hook (core rules come on top)."""
         if api_key == ApiKey.FETCH and self.fetch_records:
             return True
-        return bool(self.all_response_hooks) or api_key in self.response_hooks
+        return bool(self.responses_for(api_key))
 
 
 def _build(interceptors: Sequence[Configured]) -> ResolvedChain:
     chain = ResolvedChain(tuple(interceptors))
     for item in interceptors:
-        hooks, cls = item.hooks, type(item.instance)
-        if "kanal_connection_opened" in hooks:
-            chain.opened.append(hooks["kanal_connection_opened"])
-        if "kanal_connection_closed" in hooks:
-            chain.closed.append(hooks["kanal_connection_closed"])
-        if "kanal_produce_records" in hooks:
-            chain.produce_records.append(hooks["kanal_produce_records"])
-        if "kanal_fetch_records" in hooks:
-            chain.fetch_records.append(hooks["kanal_fetch_records"])
-        for hook_name, keys, per_key, everything in (
-            ("kanal_request", cls.request_api_keys, chain.request_hooks, chain.all_request_hooks),
-            ("kanal_response", cls.response_api_keys, chain.response_hooks, chain.all_response_hooks),
+        hooks = item.hooks
+        for hook_name, target in (
+            ("kanal_connection_opened", chain.opened),
+            ("kanal_connection_closed", chain.closed),
+            ("kanal_produce_records", chain.produce_records),
+            ("kanal_fetch_records", chain.fetch_records),
         ):
-            if hook_name not in hooks:
-                continue
-            if keys is None:
-                everything.append(hooks[hook_name])
-            else:
-                for key in keys:
-                    per_key.setdefault(int(key), []).append(hooks[hook_name])
-    if chain.all_request_hooks:  # a catch-all interceptor sees every request, in priority order
-        chain.all_request_hooks = _ordered(interceptors, "kanal_request")
-    if chain.all_response_hooks:
-        chain.all_response_hooks = _ordered(interceptors, "kanal_response")
+            if hook_name in hooks:
+                target.append(hooks[hook_name])
     return chain
-
-
-def _ordered(interceptors: Sequence[Configured], hook_name: str) -> list[Hook]:
-    return [i.hooks[hook_name] for i in interceptors if hook_name in i.hooks]
 
 
 class Pipeline:
