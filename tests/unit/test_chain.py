@@ -101,7 +101,7 @@ def test_a_catchall_does_not_widen_what_narrow_interceptors_see(pipeline: Pipeli
     pipeline.configure([InterceptorSpec(name="all", plugin="catchall", priority=50), spec("narrow", 10, tag="n")])
     chain = pipeline.resolve()
     assert len(chain.requests_for(42)) == 1  # only the catch-all
-    names = [getattr(h, "__self__").__class__.__name__ for h in chain.requests_for(0)]
+    names = [h.__self__.__class__.__name__ for h in chain.requests_for(0)]
     assert names == ["Recorder", "Catchall"]  # both, in priority order
 
 
