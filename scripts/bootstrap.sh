@@ -9,5 +9,5 @@ fi
 .venv/bin/python -m pip install --quiet --upgrade pip
 .venv/bin/python -m pip install --quiet -e ".[${extras}]"
 if [ "$extras" = "test" ]; then
-    .venv/bin/python -m pip install --quiet -e plugins-contrib/kanal-header-injection
+    .venv/bin/python -m pip install --quiet -e "plugins-contrib/kanal-header-injection[test]"
 fi

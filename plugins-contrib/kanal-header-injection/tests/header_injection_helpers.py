@@ -1,0 +1,52 @@
+"""Helpers of the integration tests: gateway environment, config file, gateway process.
+
+Kanal's embedded helpers (``kanal.embedded``) start the gateway as a child process. The gateway
+finds this plugin the way a production gateway would: through the ``kanal.plugins`` entry point of
+the installed ``kanal-header-injection`` distribution.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import yaml
+from kanal.embedded import GatewayProcess, TansuBroker, free_port, free_port_block
+
+GATEWAY_PORT_COUNT = 3
+
+
+def gateway_env(broker: TansuBroker) -> dict[str, str]:
+    """The environment of a gateway in front of ``broker``, on free local ports."""
+    return {
+        "KAFKA_BOOTSTRAP_SERVERS": broker.bootstrap,
+        "GATEWAY_BIND_HOST": "127.0.0.1",
+        "GATEWAY_ADVERTISED_HOST": "127.0.0.1",
+        "GATEWAY_PORT_START": str(free_port_block(GATEWAY_PORT_COUNT)),
+        "GATEWAY_PORT_COUNT": str(GATEWAY_PORT_COUNT),
+        "GATEWAY_MIN_BROKERID": str(broker.node_id),
+        "GATEWAY_HTTP_PORT": str(free_port()),
+    }
+
+
+def write_config(directory: Path, interceptors: Sequence[Mapping[str, Any]]) -> Path:
+    """Writes a gateway config file holding ``interceptors``; returns its path."""
+    path = directory / "kanal.yaml"
+    path.write_text(yaml.safe_dump({"interceptors": interceptors}, sort_keys=False))
+    return path
+
+
+@contextmanager
+def running_gateway(broker: TansuBroker, config: Path, log_dir: Path) -> Iterator[GatewayProcess]:
+    """``python -m kanal run --config <config>`` in front of ``broker``; must stop cleanly."""
+    process = GatewayProcess(
+        gateway_env(broker), args=("run", "--config", str(config)), log_path=log_dir / "gateway.log"
+    )
+    process.start(timeout=30)
+    try:
+        yield process
+    finally:
+        code = process.stop(timeout=15)
+    assert code == 0, f"gateway exited with {code} on SIGTERM:\n{process.tail()}"
