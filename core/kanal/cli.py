@@ -14,6 +14,8 @@ from collections.abc import Sequence
 import trio
 
 from kanal import __version__
+from kanal.admin.service import dev_admin_user, dev_http_port
+from kanal.admin.service import install as install_admin
 from kanal.config.errors import ConfigError
 from kanal.config.loader import load_settings
 from kanal.config.settings import Settings
@@ -42,6 +44,7 @@ async def serve(settings: Settings, registry: PluginRegistry, banner: str = "") 
     """Runs a gateway until SIGINT or SIGTERM, then shuts it down gracefully."""
     raise_open_file_limit()
     gateway = Gateway(settings, registry)
+    install_admin(gateway)  # admin HTTP API, health, metrics and the persistent resource store
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
         async with trio.open_nursery() as nursery:
             listening: Listening = await nursery.start(gateway.run)
@@ -99,9 +102,13 @@ def _dev(args: argparse.Namespace) -> int:
             env.setdefault("GATEWAY_MIN_BROKERID", str(broker.node_id))
             env.setdefault("GATEWAY_PORT_COUNT", "3")
             env.setdefault("GATEWAY_PORT_START", str(_dev_port_start()))
+            dev_http_port(env)
+            admin_notice = dev_admin_user(env)
             settings = load_settings(args.config, env)
             configure_logging(settings.log_format, settings.log_level)
             print(f"Kanal dev: embedded Tansu broker at {broker.bootstrap}", flush=True)
+            if admin_notice:
+                print(f"{admin_notice}; admin API at http://127.0.0.1:{settings.http_port}", flush=True)
             trio.run(serve, settings, _registry(), " (embedded Tansu; Ctrl-C stops both)")
     except (ConfigError, InterceptorConfigError, PluginError) as exc:
         print(f"kanal: configuration error: {exc}", file=sys.stderr)
@@ -119,7 +126,7 @@ def _version(args: argparse.Namespace) -> int:
 
 # Modules that add subcommands: each defines ``add_commands(subparsers)``; a command's handler
 # takes the parsed arguments and returns the exit code.
-COMMAND_MODULES: tuple[str, ...] = ("kanal.conformance.cli",)
+COMMAND_MODULES: tuple[str, ...] = ("kanal.conformance.cli", "kanal.admin.cli")
 
 
 def build_parser() -> argparse.ArgumentParser:

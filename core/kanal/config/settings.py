@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from difflib import get_close_matches
 from typing import Any
 
+from kanal.admin.users import AdminUser, parse_users
 from kanal.config.errors import ConfigError
 from kanal.config.upstream import UpstreamSettings, parse_upstream
 from kanal.pipeline.interceptor import InterceptorSpec, Scope
@@ -169,6 +170,28 @@ OPTIONS: tuple[Option, ...] = (
         "none",
         "Client certificate authentication: NONE, REQUESTED or REQUIRED.",
     ),
+    Option(
+        "GATEWAY_ADMIN_API_USERS",
+        "admin_api_users",
+        parse_users,
+        (),
+        "Admin API users, a YAML/JSON list of {username, password, admin}; users without admin: true are"
+        " read-only. Unset: the admin API is disabled (health and metrics are still served).",
+    ),
+    Option(
+        "GATEWAY_RESOURCES_TOPIC",
+        "resources_topic",
+        _str,
+        None,
+        "Compacted topic holding the admin API resources (default: _kanal_<GATEWAY_CLUSTER_ID>_resources).",
+    ),
+    Option(
+        "GATEWAY_STATE_REPLICATION_FACTOR",
+        "state_replication_factor",
+        _int(-1, 32767),
+        -1,
+        "Replication factor of the state topics the gateway creates (-1: the cluster's default).",
+    ),
 )
 _BY_ENV = {o.env: o for o in OPTIONS}
 
@@ -196,6 +219,9 @@ class Settings:
     ssl_key_password: str | None = None
     ssl_ca_location: str | None = None
     ssl_client_auth: str = "none"
+    admin_api_users: tuple[AdminUser, ...] = ()
+    resources_topic: str | None = None
+    state_replication_factor: int = -1
     feature_flags: Mapping[str, bool] = field(default_factory=dict)
     upstream: UpstreamSettings = field(default_factory=UpstreamSettings)
     interceptors: tuple[InterceptorSpec, ...] = ()

@@ -25,6 +25,9 @@ from typing import TYPE_CHECKING
 import pluggy
 
 if TYPE_CHECKING:
+    from kanal.admin.app import AdminApi
+    from kanal.admin.resources import ResourceKind
+    from kanal.gateway import Gateway
     from kanal.pipeline.context import Connection, RecordsContext, RequestContext, ResponseContext
     from kanal.pipeline.interceptor import Interceptor
     from kanal.pipeline.results import RecordsResult, RequestResult, ResponseResult
@@ -47,6 +50,37 @@ class PluginHooks:
         one instance per configured interceptor, calling ``cls(config)``; the constructor must
         validate the config and raise :class:`~kanal.pipeline.interceptor.InterceptorConfigError`
         with a message naming the bad key.
+        """
+
+    @hookspec
+    def kanal_admin_resources(self, gateway: Gateway) -> list[ResourceKind]:  # type: ignore[empty-body]
+        """Return the resource kinds this plugin manages through the admin API (called once at startup).
+
+        Each :class:`~kanal.admin.resources.ResourceKind` names a manifest ``kind`` (``TopicView``) and
+        a URL ``path`` (``topic-view``), and gets, without more code: ``GET/PUT /gateway/v2/<path>``,
+        ``GET/DELETE /gateway/v2/<path>/{name}``, ``?dryMode=true``, upsert results, persistence in the
+        gateway's compacted state topic (so every node of the fleet sees each change and a restart
+        loses nothing), ``kanal apply/get/delete`` support, an OpenAPI schema and metrics.
+
+        The kind's ``validate(manifest, state)`` returns the canonical manifest or raises
+        :class:`~kanal.admin.resources.ResourceError` (``invalid(msg)`` for a 400); its
+        ``apply(resources, state)`` is called on every node with all stored resources of the kind
+        whenever one changed, and returns a :class:`~kanal.admin.resources.Status` (Pending, Ready,
+        Failed) per key for the ones that report it. ``state.resources(kind)`` reads other kinds (a
+        policy checking that its rules exist).
+        """
+
+    @hookspec
+    def kanal_admin_routes(self, admin: AdminApi) -> None:
+        """Add HTTP routes of your own to the admin API (called once, when the app is built).
+
+        Register views with ``@admin.route("/gateway/v2/<plugin-path>", methods=[...])``: they are
+        served behind the admin API's authentication (GET open to every user, other methods to admin
+        users unless ``read_only=True``), counted in the API metrics, listed in ``/openapi.json``
+        (summarised by the view's docstring), and answer 503 once shutdown starts. ``admin.store``
+        holds the stored resources, ``admin.gateway`` the gateway, ``admin.audit(action, **fields)``
+        records a change. Raise :class:`~kanal.admin.resources.ResourceError` for a JSON error
+        ``{title, msg, cause}``. Views are ``async`` and run in the gateway's trio loop: never block.
         """
 
 

@@ -1,0 +1,262 @@
+"""The ``Interceptor`` resource kind, the plugin catalogue and the effective-chain resolver.
+
+An Interceptor manifest::
+
+    apiVersion: gateway/v2
+    kind: Interceptor
+    metadata:
+      name: add-origin                 # same name + another scope = an override for that scope
+      scope: {vCluster: null, group: null, username: alice}   # optional; absent = global
+    spec:
+      pluginClass: header-injection    # an installed interceptor type (``plugin`` is accepted too)
+      priority: 100                    # lower runs first
+      config: {headers: {x-origin: kanal}}
+      comment: optional free text
+
+Interceptors from the gateway's config file are listed too (read-only; a PUT of the same name and
+scope answers 409). Applying the stored set replaces the gateway's pipeline atomically; a stored
+interceptor this node cannot create (plugin missing on this node, config refused) reports Failed and
+is left out, the others run.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from kanal.admin.resources import (
+    READY,
+    Key,
+    Manifest,
+    ResourceError,
+    ResourceKind,
+    StateView,
+    Status,
+    check_envelope,
+    envelope,
+    invalid,
+)
+from kanal.pipeline.chain import instantiate
+from kanal.pipeline.interceptor import InterceptorConfigError, InterceptorSpec, Scope
+from kanal.pipeline.registry import PluginRegistry
+
+if TYPE_CHECKING:
+    from kanal.gateway import Gateway
+
+SCOPE_FIELDS = ("vCluster", "group", "username")
+
+SPEC_SCHEMA: Mapping[str, Any] = {
+    "type": "object",
+    "required": ["pluginClass"],
+    "additionalProperties": False,
+    "properties": {
+        "pluginClass": {"type": "string", "description": "an installed interceptor type (see GET /gateway/v2/plugin)"},
+        "priority": {"type": "integer", "default": 100, "description": "lower runs first"},
+        "config": {"type": "object", "description": "the interceptor type's configuration"},
+        "comment": {"type": "string"},
+    },
+}
+
+
+def scope_of(metadata: Mapping[str, Any]) -> Scope:
+    scope = metadata.get("scope") or {}
+    return Scope(scope.get("vCluster"), scope.get("group"), scope.get("username"))
+
+
+def spec_from_manifest(manifest: Mapping[str, Any]) -> InterceptorSpec:
+    metadata, spec = manifest["metadata"], manifest["spec"]
+    return InterceptorSpec(
+        name=metadata["name"],
+        plugin=spec["pluginClass"],
+        priority=int(spec.get("priority", 100)),
+        scope=scope_of(metadata),
+        config=dict(spec.get("config") or {}),
+    )
+
+
+def manifest_from_spec(kind: ResourceKind, spec: InterceptorSpec) -> Manifest:
+    metadata: dict[str, Any] = {"name": spec.name}
+    scope = {
+        k: v
+        for k, v in (("vCluster", spec.scope.vcluster), ("group", spec.scope.group), ("username", spec.scope.username))
+        if v is not None
+    }
+    if scope:
+        metadata["scope"] = scope
+    return envelope(
+        kind, metadata, {"pluginClass": spec.plugin, "priority": spec.priority, "config": dict(spec.config)}
+    )
+
+
+def _canonical(manifest: Any, kind: ResourceKind) -> Manifest:
+    metadata, spec = check_envelope(manifest, kind)
+    unknown = set(metadata) - {"name", "scope", "labels", "annotations"}
+    if unknown:
+        raise invalid(f"unknown metadata field {sorted(unknown)[0]!r} (expected name, scope)")
+    out_meta: dict[str, Any] = {"name": metadata["name"]}
+    scope = metadata.get("scope") or {}
+    if not isinstance(scope, Mapping):
+        raise invalid("metadata.scope must be an object {vCluster, group, username}")
+    bad = set(scope) - set(SCOPE_FIELDS)
+    if bad:
+        raise invalid(f"unknown metadata.scope field {sorted(bad)[0]!r} (expected vCluster, group, username)")
+    clean = {k: scope[k] for k in SCOPE_FIELDS if scope.get(k) not in (None, "")}
+    for k, v in clean.items():
+        if not isinstance(v, str):
+            raise invalid(f"metadata.scope.{k} must be a string")
+    if "group" in clean and "username" in clean:
+        raise invalid("metadata.scope: group and username cannot both be set")
+    if clean:
+        out_meta["scope"] = clean
+    unknown = set(spec) - {"pluginClass", "plugin", "priority", "config", "comment"}
+    if unknown:
+        raise invalid(f"unknown spec field {sorted(unknown)[0]!r} (expected pluginClass, priority, config, comment)")
+    plugin = spec.get("pluginClass", spec.get("plugin"))
+    if not isinstance(plugin, str) or not plugin:
+        raise invalid("spec.pluginClass is required: the name of an installed interceptor type")
+    priority = spec.get("priority", 100)
+    if not isinstance(priority, int) or isinstance(priority, bool):
+        raise invalid(f"spec.priority must be an integer, got {priority!r}")
+    config = spec.get("config") or {}
+    if not isinstance(config, Mapping):
+        raise invalid("spec.config must be an object")
+    out_spec: dict[str, Any] = {"pluginClass": plugin, "priority": priority, "config": dict(config)}
+    comment = spec.get("comment")
+    if comment is not None:
+        if not isinstance(comment, str):
+            raise invalid("spec.comment must be a string")
+        out_spec["comment"] = comment
+    return envelope(kind, out_meta, out_spec)
+
+
+def interceptor_kind(gateway: Gateway) -> ResourceKind:
+    """The Interceptor kind of this gateway; interceptors configured before it (the config file) stay."""
+    pipeline, registry = gateway.pipeline, gateway.registry
+    static_specs = tuple(pipeline.specs())
+    static_keys = {(s.name, s.scope) for s in static_specs}
+
+    def validate(manifest: Any, state: StateView) -> Manifest:
+        canonical = _canonical(manifest, kind)
+        spec = spec_from_manifest(canonical)
+        if (spec.name, spec.scope) in static_keys:
+            raise ResourceError(
+                409,
+                "Conflict",
+                f"interceptor {spec.name!r} with this scope is defined in the gateway's config file; change it there",
+            )
+        try:
+            instantiate(spec, registry)
+        except InterceptorConfigError as exc:
+            raise invalid(str(exc)) from exc
+        return canonical
+
+    def apply(resources: Sequence[Manifest], state: StateView) -> dict[Key, Status]:
+        statuses: dict[Key, Status] = {}
+        usable: list[InterceptorSpec] = []
+        for manifest in resources:
+            key = kind.key_of(manifest["metadata"])
+            spec = spec_from_manifest(manifest)
+            if (spec.name, spec.scope) in static_keys:
+                statuses[key] = Status("Failed", "the config file of this node defines the same name and scope")
+                continue
+            try:
+                instantiate(spec, registry)
+            except InterceptorConfigError as exc:
+                statuses[key] = Status("Failed", str(exc))
+                continue
+            usable.append(spec)
+            statuses[key] = READY
+        pipeline.configure([*static_specs, *usable])
+        return statuses
+
+    def static() -> list[Manifest]:
+        return [manifest_from_spec(kind, s) for s in static_specs]
+
+    kind = ResourceKind(
+        kind="Interceptor",
+        path="interceptor",
+        validate=validate,
+        apply=apply,
+        description="A configured instance of an interceptor type: name, scope, plugin, priority, config.",
+        key_fields=("scope.vCluster", "scope.group", "scope.username"),
+        columns=(
+            ("NAME", "metadata.name"),
+            ("PLUGIN", "spec.pluginClass"),
+            ("PRIORITY", "spec.priority"),
+            ("VCLUSTER", "metadata.scope.vCluster"),
+            ("GROUP", "metadata.scope.group"),
+            ("USERNAME", "metadata.scope.username"),
+            ("STATUS", "status.status"),
+        ),
+        aliases=("interceptors", "ic"),
+        spec_schema=SPEC_SCHEMA,
+        list_filters={
+            "vcluster": "metadata.scope.vCluster",
+            "group": "metadata.scope.group",
+            "username": "metadata.scope.username",
+        },
+        static=static,
+    )
+    return kind
+
+
+def resolve(gateway: Gateway, kind: ResourceKind, body: Any) -> list[Manifest]:
+    """The effective chain for ``{username, groups, vCluster}``, in the order it runs."""
+    if body is None:
+        body = {}
+    if not isinstance(body, Mapping):
+        raise invalid("the body must be a JSON object {username, groups, vCluster}")
+    unknown = set(body) - {"username", "groups", "vCluster", "vcluster"}
+    if unknown:
+        raise invalid(f"unknown field {sorted(unknown)[0]!r} (expected username, groups, vCluster)")
+    username = body.get("username")
+    groups = body.get("groups") or []
+    vcluster = body.get("vCluster", body.get("vcluster"))
+    if username is not None and not isinstance(username, str):
+        raise invalid("username must be a string")
+    if not isinstance(groups, list) or not all(isinstance(g, str) for g in groups):
+        raise invalid("groups must be a list of strings")
+    if vcluster is not None and not isinstance(vcluster, str):
+        raise invalid("vCluster must be a string")
+    chain = gateway.pipeline.resolve(username, tuple(groups), vcluster)
+    return [manifest_from_spec(kind, c.spec) for c in chain.interceptors]
+
+
+def plugin_catalogue(registry: PluginRegistry) -> list[dict[str, Any]]:
+    """Every installed interceptor type with its plugin, description, docs and config schema."""
+    out = []
+    for name, cls in sorted(registry.interceptor_types().items()):
+        plugin = registry.plugin_of(name) or ""
+        out.append(
+            {
+                "plugin": name,
+                "pluginId": plugin,
+                "title": name,
+                "description": cls.description or _first_line(cls.__doc__),
+                "readme": _dedent(cls.__doc__),
+                "configSchema": cls.config_schema,
+                "module": f"{cls.__module__}:{cls.__qualname__}",
+                "version": _version_of(cls.__module__),
+            }
+        )
+    return out
+
+
+def _first_line(doc: str | None) -> str:
+    return (doc or "").strip().split("\n", 1)[0]
+
+
+def _dedent(doc: str | None) -> str:
+    import inspect
+
+    return inspect.cleandoc(doc or "")
+
+
+def _version_of(module: str) -> str | None:
+    top = module.split(".", 1)[0]
+    try:
+        version = getattr(importlib.import_module(top), "__version__", None)
+    except ImportError:
+        return None
+    return None if version is None else str(version)
