@@ -47,25 +47,30 @@ async def serve(settings: Settings, registry: PluginRegistry, banner: str = "") 
     install_admin(gateway)  # admin HTTP API, health, metrics and the persistent resource store
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
         async with trio.open_nursery() as nursery:
+            serving = False
 
             async def run_gateway(*, task_status: trio.TaskStatus[Listening]) -> None:
                 await gateway.run(task_status=task_status)
                 nursery.cancel_scope.cancel()  # stopped: no more signals to wait for
 
+            async def watch_signals() -> None:
+                async for _ in signals:
+                    if serving and not gateway.stopping.is_set():
+                        print("Kanal: stopping (draining in-flight requests)", flush=True)
+                        gateway.shutdown()
+                    else:  # still starting (waiting for the cluster), or a second signal
+                        print("Kanal: stopping now", flush=True)
+                        nursery.cancel_scope.cancel()
+
+            nursery.start_soon(watch_signals)
             listening: Listening = await nursery.start(run_gateway)
+            serving = True
             print(
                 f"Kanal {__version__} ready: clients bootstrap at {listening.bootstrap} "
                 f"(ports {listening.first_port}-{listening.last_port} for brokers {listening.min_broker_id}+), "
                 f"upstream {listening.upstream}{banner}",
                 flush=True,
             )
-            async for _ in signals:
-                if gateway.stopping.is_set():  # a second signal: stop now
-                    print("Kanal: stopping now", flush=True)
-                    nursery.cancel_scope.cancel()
-                    break
-                print("Kanal: stopping (draining in-flight requests)", flush=True)
-                gateway.shutdown()
 
 
 def _run(args: argparse.Namespace) -> int:

@@ -153,11 +153,13 @@ class Gateway:
                 delay = min(delay * 2, 5.0)
         self.topic_names.learn(ApiKey.METADATA, metadata)
         self.learn_brokers({int(b.node_id): (str(b.host), int(b.port)) for b in metadata.brokers})
-        ids = sorted(self.brokers) or [0]
+        ids = sorted(self.brokers)
+        if not ids:
+            log.warning("the upstream cluster announced no brokers yet")
         if self.min_broker_id is None:
-            self.min_broker_id = ids[0]
+            self.min_broker_id = ids[0] if ids else 0
         if self.port_count is None:
-            self.port_count = ids[-1] - self.min_broker_id + 3
+            self.port_count = (ids[-1] - self.min_broker_id if ids else 0) + 3
         for node_id in ids:
             self.advertised_address(node_id)  # warns now about brokers that no port serves
 
