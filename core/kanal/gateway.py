@@ -62,6 +62,8 @@ class Gateway:
         self.pipeline = Pipeline(registry)
         self.pipeline.configure(settings.interceptors)
         self.metrics = GatewayMetrics()
+        if settings.feature("lifecycle_metrics"):
+            self.metrics.enable_lifecycle()
         self.topic_names = TopicNames()
         self.brokers: dict[int, Address] = {}
         self.min_broker_id = settings.min_broker_id

@@ -40,6 +40,29 @@ class GatewayMetrics:
         )
         self.upstream_errors = Counter("gateway_upstream_errors", "Failed or lost upstream connections", registry=r)
         self._bound: dict[int, tuple[Counter, Counter, Counter, Counter, Histogram]] = {}
+        self.lifecycle: Histogram | None = None
+        self._lifecycle_bound: dict[tuple[str, int, str], Histogram] = {}
+
+    def enable_lifecycle(self) -> None:
+        """Per-stage timings (GATEWAY_FEATURE_FLAGS_LIFECYCLE_METRICS): off by default because
+        they cost an observation per hook call."""
+        self.lifecycle = Histogram(
+            "gateway_request_lifecycle_seconds",
+            "Time spent in each stage of a request: an interceptor's hook (request, response,"
+            " produce_records, fetch_records) or the upstream round trip",
+            ["stage", "api_key", "interceptor"],
+            buckets=LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+
+    def stage(self, stage: str, api_key: int, interceptor: str, seconds: float) -> None:
+        """Records one stage timing; only called when lifecycle metrics are enabled."""
+        assert self.lifecycle is not None
+        key = (stage, api_key, interceptor)
+        child = self._lifecycle_bound.get(key)
+        if child is None:
+            child = self._lifecycle_bound[key] = self.lifecycle.labels(stage, api_name(api_key), interceptor)
+        child.observe(seconds)
 
     def _children(self, api_key: int) -> tuple[Counter, Counter, Counter, Counter, Histogram]:
         bound = self._bound.get(api_key)

@@ -196,3 +196,36 @@ def test_a_failing_hook_costs_its_connection_not_the_gateway(tansu: TansuBroker)
             assert healthy.call(metadata_request(), 1).brokers
         finally:
             healthy.close()
+
+
+def _samples(gateway: object, name: str) -> dict[tuple[tuple[str, str], ...], float]:
+    from prometheus_client import generate_latest
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = generate_latest(gateway.metrics.registry).decode()  # type: ignore[attr-defined]
+    return {
+        tuple(sorted(s.labels.items())): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+        if s.name == name
+    }
+
+
+def test_lifecycle_metrics_time_each_interceptor_and_the_upstream(
+    tansu: TansuBroker, unique_topic: Callable[..., str]
+) -> None:
+    topic = unique_topic()
+    _create(tansu.bootstrap, topic, 1)
+    producer = Producer({"bootstrap.servers": tansu.bootstrap})
+    producer.produce(topic, b"value")
+    assert producer.flush(15) == 0
+    spec = InterceptorSpec(name="upper", plugin="test-uppercase")
+    env = {"GATEWAY_FEATURE_FLAGS_LIFECYCLE_METRICS": "true"}
+    with inprocess_gateway(tansu, {"test": TestPlugin()}, [spec], env=env) as gw:
+        assert [m.value() for m in _consume_all(bootstrap_of(gw), topic, 1, 1)] == [b"VALUE"]
+        counts = _samples(gw, "gateway_request_lifecycle_seconds_count")
+    labels = {dict(k)["stage"] + "/" + dict(k)["interceptor"] for k, v in counts.items() if v > 0}
+    assert "fetch_records/upper" in labels and "upstream/" in labels
+    assert all(dict(k)["api_key"] for k in counts)
+    with inprocess_gateway(tansu, {"test": TestPlugin()}, [spec]) as gw:
+        assert _samples(gw, "gateway_request_lifecycle_seconds_count") == {}

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import trio
 from kio.schema.errors import ErrorCode
 
+from kanal.metrics import GatewayMetrics
 from kanal.net.channel import READ_SIZE, KafkaChannel, PeerClosed
 from kanal.pipeline.chain import ResolvedChain
 from kanal.pipeline.context import Connection, RecordsContext, RequestContext, ResponseContext
@@ -84,6 +85,7 @@ class Pending:
     request: Any = None
     partition_errors: list[tuple[str, Any, int, PartitionError]] = field(default_factory=list)
     started: float = 0.0
+    forwarded: float = 0.0
 
 
 def _needs_response_decode(chain: ResolvedChain, api_key: int, version: int) -> bool:
@@ -97,6 +99,21 @@ async def _run_hooks(hooks: list[Any], ctx: Any) -> Any:
         result = hook(ctx)
         if inspect.isawaitable(result):
             result = await result
+        if result is not None:
+            return result
+    return None
+
+
+async def _run_timed_hooks(
+    hooks: list[Any], ctx: Any, stage: str, api_key: int, chain: ResolvedChain, metrics: GatewayMetrics
+) -> Any:
+    """:func:`_run_hooks` with each hook's time recorded (lifecycle metrics)."""
+    for hook in hooks:
+        began = time.perf_counter()
+        result = hook(ctx)
+        if inspect.isawaitable(result):
+            result = await result
+        metrics.stage(stage, api_key, chain.name_of(hook), time.perf_counter() - began)
         if result is not None:
             return result
     return None
@@ -120,6 +137,14 @@ class ClientConnection:
         self._reader = FrameReader(gateway.settings.max_frame_size)
 
     # -- lifecycle ---------------------------------------------------------------------------
+
+    async def _hooks(self, hooks: list[Any], ctx: Any, stage: str, api_key: int, chain: ResolvedChain) -> Any:
+        if not hooks:
+            return None
+        metrics = self.gateway.metrics
+        if metrics.lifecycle is None:
+            return await _run_hooks(hooks, ctx)
+        return await _run_timed_hooks(hooks, ctx, stage, api_key, chain, metrics)
 
     def _fields(self) -> dict[str, Any]:
         """Structured fields of this connection's log lines (shown by the JSON log format)."""
@@ -211,6 +236,8 @@ class ClientConnection:
                         out = pending.local
                     else:
                         frame = await self._upstream_response(pending.upstream_corr)
+                        if metrics.lifecycle is not None:
+                            metrics.stage("upstream", pending.api_key, "", time.perf_counter() - pending.forwarded)
                         out = await self._process_response(pending, frame)
                         set_response_correlation_id(out, pending.client_corr)
                     if self.gateway.tap is not None:
@@ -281,6 +308,7 @@ class ClientConnection:
                     upstream_corr,
                     decode=_needs_response_decode(chain, api_key, version),
                     started=started,
+                    forwarded=time.perf_counter(),
                 )
             )
         else:
@@ -307,7 +335,7 @@ class ClientConnection:
         ctx = RequestContext(
             self.info, api_key, version, header.correlation_id, header.client_id, original, self.gateway.topic_names
         )
-        result = await _run_hooks(chain.requests_for(api_key), ctx)
+        result = await self._hooks(chain.requests_for(api_key), ctx, "request", api_key, chain)
         expects = api_key != ApiKey.PRODUCE or ctx.request.acks != 0
         pending = Pending(
             header.correlation_id,
@@ -341,6 +369,7 @@ class ClientConnection:
             return
         pending.upstream_corr = self._upstream_corr()
         pending.request = ctx.request
+        pending.forwarded = time.perf_counter()
         if ctx.request is original:
             set_request_correlation_id(frame, pending.upstream_corr)
             out = frame
@@ -368,7 +397,7 @@ class ClientConnection:
                 rctx = RecordsContext(
                     self.info, ctx.api_key, ctx.api_version, ctx.client_id, name, int(part.index), records
                 )
-                outcome = await _run_hooks(chain.produce_records, rctx)
+                outcome = await self._hooks(chain.produce_records, rctx, "produce_records", ctx.api_key, chain)
                 if isinstance(outcome, PartitionError):
                     pending.partition_errors.append((name, getattr(topic, "topic_id", None), int(part.index), outcome))
                     changed = True
@@ -453,7 +482,7 @@ class ClientConnection:
                 body,
                 gateway.topic_names,
             )
-            result = await _run_hooks(hooks, ctx)
+            result = await self._hooks(hooks, ctx, "response", api_key, chain)
             if isinstance(result, Close):
                 raise ProtocolViolation(f"closed by interceptor: {result.reason}")
             body = result.response if isinstance(result, Respond) else ctx.response
@@ -481,7 +510,7 @@ class ClientConnection:
                     int(part.partition_index),
                     records,
                 )
-                outcome = await _run_hooks(chain.fetch_records, rctx)
+                outcome = await self._hooks(chain.fetch_records, rctx, "fetch_records", pending.api_key, chain)
                 if isinstance(outcome, PartitionError):
                     part = replace(part, error_code=outcome.error_code, records=None)
                     changed = True

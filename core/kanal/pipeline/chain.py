@@ -101,6 +101,14 @@ class ResolvedChain:
                 selected.append(item.hooks[hook_name])
         return selected
 
+    def name_of(self, hook: Hook) -> str:
+        """The name of the interceptor a hook belongs to (for metrics and logs)."""
+        owner = getattr(hook, "__self__", None)
+        for item in self.interceptors:
+            if item.instance is owner:
+                return item.spec.name
+        return ""
+
     def decode_request(self, api_key: int) -> bool:
         """Whether requests of this API must be decoded for a hook."""
         if api_key == ApiKey.PRODUCE and self.produce_records:
