@@ -1,0 +1,1 @@
+"""Kanal's benchmark harness: gateway vs direct, same client, same run, medians and ratios."""

@@ -1,0 +1,74 @@
+"""Driving the client worker process, topics, and the ABAB order of runs."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+BENCH_DIR = Path(__file__).resolve().parents[1]
+PATHS = ("direct", "gateway")
+
+
+class WorkerError(RuntimeError):
+    pass
+
+
+def worker_env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(BENCH_DIR), *filter(None, env.get("PYTHONPATH", "").split(os.pathsep))])
+    return env
+
+
+def worker_argv(job: str, **args: Any) -> list[str]:
+    return [sys.executable, "-m", "kanalbench.worker", job, json.dumps(args)]
+
+
+def run_worker(job: str, timeout: float = 600.0, **args: Any) -> dict[str, Any]:
+    """Runs one client job in a fresh process and returns its JSON result."""
+    proc = subprocess.run(
+        worker_argv(job, **args), env=worker_env(), capture_output=True, text=True, timeout=timeout, check=False
+    )
+    if proc.returncode != 0:
+        raise WorkerError(f"worker {job} failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
+    result: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
+    return result
+
+
+def order(repeats: int) -> Iterator[tuple[int, str]]:
+    """(repeat, path) in ABAB order: direct, gateway, direct, gateway, ..."""
+    for i in range(repeats):
+        for path in PATHS:
+            yield i, path
+
+
+def new_topic_name(prefix: str) -> str:
+    return f"bench-{prefix}-{uuid.uuid4().hex[:10]}"
+
+
+def create_topic(bootstrap: str, partitions: int = 1, prefix: str = "run") -> str:
+    """A fresh topic (created on the broker directly, so the gateway is not measured creating it)."""
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    name = new_topic_name(prefix)
+    admin = AdminClient({"bootstrap.servers": bootstrap, "log_level": 4})
+    for future in admin.create_topics([NewTopic(name, partitions, 1)], operation_timeout=30).values():
+        future.result(timeout=30)
+    return name
+
+
+def delete_topic(bootstrap: str, name: str) -> None:
+    """Deletes a run's topic so the in-memory broker does not grow run after run (best effort)."""
+    from confluent_kafka.admin import AdminClient
+
+    admin = AdminClient({"bootstrap.servers": bootstrap, "log_level": 4})
+    for future in admin.delete_topics([name], operation_timeout=30).values():
+        try:
+            future.result(timeout=30)
+        except Exception as exc:  # a leftover topic only costs broker memory
+            print(f"  (could not delete topic {name}: {exc})", file=sys.stderr)

@@ -1,0 +1,281 @@
+"""The benchmark client, run in a process of its own: ``python -m kanalbench.worker JOB JSON-ARGS``.
+
+Each job prints one JSON object on its last stdout line. The client is librdkafka (confluent-kafka);
+the same code runs against the broker and against the gateway, only ``bootstrap`` differs.
+
+- ``produce``: send ``records`` records of ``size`` bytes as fast as the client can (acks=1, batching).
+- ``consume``: read the topic from the beginning until ``records`` records arrived (assign, no group).
+- ``latency``: send at a fixed ``rate`` with a small linger.ms (1) and record each record's send-to-ack time.
+- ``idle``: open ``count`` TCP connections, send ApiVersions on each, read the answers, hold them until
+  stdin closes (the driver reads the gateway's memory meanwhile).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import struct
+import sys
+import threading
+import time
+from typing import Any
+
+DISTINCT_VALUES = 1024
+
+
+def values(size: int, payload: str) -> list[bytes]:
+    """``DISTINCT_VALUES`` record values of ``size`` bytes: random (incompressible) or JSON objects."""
+    if payload == "bytes":
+        return [os.urandom(size) for _ in range(DISTINCT_VALUES)]
+    if payload == "json":
+        out = []
+        for i in range(DISTINCT_VALUES):
+            head = json.dumps({"id": i, "name": f"user-{i}", "amount": i * 7 % 1000, "pad": ""})
+            pad = max(0, size - len(head))
+            out.append(head.replace('"pad": ""', '"pad": "' + "x" * pad + '"').encode())
+        return out
+    raise ValueError(f"unknown payload {payload!r}")
+
+
+def producer_config(bootstrap: str, **overrides: Any) -> dict[str, Any]:
+    """Throughput producer settings (documented in docs/benchmarks.md)."""
+    config: dict[str, Any] = {
+        "bootstrap.servers": bootstrap,
+        "acks": 1,
+        "linger.ms": 5,
+        "batch.size": 1_000_000,
+        "batch.num.messages": 10_000,
+        "compression.type": "none",
+        "enable.idempotence": False,
+        "queue.buffering.max.messages": 1_000_000,
+        "queue.buffering.max.kbytes": 1_048_576,
+        "delivery.report.only.error": True,
+    }
+    config.update(overrides)
+    return config
+
+
+def produce(bootstrap: str, topic: str, size: int, records: int, payload: str = "bytes") -> dict[str, Any]:
+    from confluent_kafka import Producer
+
+    failed: list[str] = []
+
+    def on_error(err: Any, _msg: Any) -> None:  # only errors are reported (delivery.report.only.error)
+        if err is not None:
+            failed.append(str(err))
+
+    producer = Producer(producer_config(bootstrap), on_delivery=on_error)
+    producer.list_topics(topic, timeout=10)  # connect and fetch metadata before the clock starts
+    vals = values(size, payload)
+    mask = DISTINCT_VALUES - 1
+    send = producer.produce
+    start = time.perf_counter()
+    for i in range(records):
+        try:
+            send(topic, vals[i & mask])
+        except BufferError:
+            producer.poll(0.01)
+            send(topic, vals[i & mask])
+    left = producer.flush(120)
+    seconds = time.perf_counter() - start
+    if left or failed:
+        raise RuntimeError(f"produce failed: {left} undelivered, {len(failed)} errors, first: {failed[:1]}")
+    return {"seconds": seconds, "records": records, "bytes": records * size}
+
+
+def consume(bootstrap: str, topic: str, records: int, partitions: int = 1, timeout: float = 120.0) -> dict[str, Any]:
+    from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": "kanalbench",
+            "enable.auto.commit": False,
+            "enable.auto.offset.store": False,
+            "enable.partition.eof": False,
+            # The default 1000 ms pause after the prefetch queue fills (Tansu answers 5 MB fetches) would
+            # dominate a run of a second or two.
+            "fetch.queue.backoff.ms": 10,
+        }
+    )
+    try:
+        consumer.list_topics(topic, timeout=10)
+        count = 0
+        nbytes = 0
+        start = time.perf_counter()
+        deadline = start + timeout
+        consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in range(partitions)])
+        while count < records:
+            batch = consumer.consume(min(10_000, records - count), 1.0)
+            for msg in batch:
+                if msg.error() is not None:
+                    raise RuntimeError(f"consume failed: {msg.error()}")
+                nbytes += len(msg)
+            count += len(batch)
+            if time.perf_counter() > deadline:
+                raise RuntimeError(f"consume timed out with {count} of {records} records")
+        seconds = time.perf_counter() - start
+    finally:
+        consumer.close()
+    return {"seconds": seconds, "records": count, "bytes": nbytes}
+
+
+def percentile(sorted_values: list[float], q: float) -> float:
+    """Nearest-rank percentile of an already sorted list."""
+    if not sorted_values:
+        return float("nan")
+    rank = max(1, -(-len(sorted_values) * q // 100))  # ceil(n*q/100), at least 1
+    return sorted_values[int(rank) - 1]
+
+
+def latency(
+    bootstrap: str,
+    topic: str,
+    size: int,
+    rate: float,
+    seconds: float,
+    warmup: float = 1.0,
+    payload: str = "bytes",
+    linger_ms: float = 1.0,
+) -> dict[str, Any]:
+    """Fixed-rate producer; latency = librdkafka's produce()-to-ack time of each record, read in its
+    delivery callback, which a dedicated thread serves as soon as the ack arrives."""
+    from confluent_kafka import Producer
+
+    producer = Producer(producer_config(bootstrap, **{"linger.ms": linger_ms, "delivery.report.only.error": False}))
+    producer.list_topics(topic, timeout=10)
+    measured: list[float] = []
+    errors: list[str] = []
+
+    def on_warm(err: Any, _msg: Any) -> None:
+        if err is not None:
+            errors.append(str(err))
+
+    def on_measured(err: Any, msg: Any) -> None:
+        if err is not None:
+            errors.append(str(err))
+        else:
+            measured.append(msg.latency() * 1000.0)  # ms
+
+    stop = threading.Event()
+
+    def serve() -> None:
+        while not stop.is_set():
+            producer.poll(0.05)
+
+    poller = threading.Thread(target=serve, daemon=True)
+    poller.start()
+    vals = values(size, payload)
+    mask = DISTINCT_VALUES - 1
+    warm_n = int(rate * warmup)
+    total = warm_n + int(rate * seconds)
+    interval = 1.0 / rate
+    start = time.perf_counter()
+    measure_start = start
+    for i in range(total):
+        due = start + i * interval
+        delay = due - time.perf_counter()
+        if delay > 0:
+            time.sleep(delay)
+        if i == warm_n:
+            measure_start = time.perf_counter()
+        producer.produce(topic, vals[i & mask], on_delivery=on_warm if i < warm_n else on_measured)
+    measure_end = time.perf_counter()
+    producer.flush(30)
+    stop.set()
+    poller.join()
+    producer.poll(0)
+    if errors:
+        raise RuntimeError(f"latency run failed: {len(errors)} errors, first: {errors[0]}")
+    lat = sorted(measured)
+    sent = total - warm_n
+    return {
+        "records": len(lat),
+        "achieved_rate": sent / (measure_end - measure_start),
+        "p50_ms": percentile(lat, 50),
+        "p99_ms": percentile(lat, 99),
+        "p999_ms": percentile(lat, 99.9),
+        "max_ms": lat[-1] if lat else float("nan"),
+        "mean_ms": sum(lat) / len(lat) if lat else float("nan"),
+    }
+
+
+def api_versions_request(correlation_id: int, client_id: bytes = b"kanalbench") -> bytes:
+    """An ApiVersions v0 request frame (with its length prefix)."""
+    body = struct.pack(">hhih", 18, 0, correlation_id, len(client_id)) + client_id
+    return struct.pack(">i", len(body)) + body
+
+
+def _read_frame(sock: socket.socket) -> bytes:
+    head = b""
+    while len(head) < 4:
+        chunk = sock.recv(4 - len(head))
+        if not chunk:
+            raise ConnectionError("closed")
+        head += chunk
+    (size,) = struct.unpack(">i", head)
+    data = bytearray()
+    while len(data) < size:
+        chunk = sock.recv(size - len(data))
+        if not chunk:
+            raise ConnectionError("closed")
+        data += chunk
+    return bytes(data)
+
+
+def raise_nofile(wanted: int) -> None:
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < wanted:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (min(wanted, hard), hard))
+
+
+def idle(bootstrap: str, count: int, timeout: float = 30.0) -> dict[str, Any]:
+    """Opens ``count`` connections, one ApiVersions each, then holds them until stdin closes.
+
+    Prints a ``{"holding": n, ...}`` line when all connections are open and answered."""
+    raise_nofile(count + 100)
+    host, port = bootstrap.rsplit(":", 1)
+    sockets: list[socket.socket] = []
+    start = time.perf_counter()
+    for _ in range(count):
+        sock = socket.create_connection((host, int(port)), timeout=timeout)
+        sockets.append(sock)
+    for i, sock in enumerate(sockets):
+        sock.sendall(api_versions_request(i))
+    answered = 0
+    for i, sock in enumerate(sockets):
+        frame = _read_frame(sock)
+        (corr, error) = struct.unpack(">ih", frame[:6])
+        if corr == i and error == 0:
+            answered += 1
+    opened = time.perf_counter() - start
+    print(json.dumps({"holding": len(sockets), "answered": answered, "seconds": opened}), flush=True)
+    sys.stdin.read()  # until the driver closes our stdin
+    alive = 0
+    for sock in sockets:  # still open? a closed peer reads as b"" at once
+        sock.setblocking(False)
+        try:
+            alive += sock.recv(1) != b""
+        except BlockingIOError:
+            alive += 1
+        except OSError:
+            pass
+        sock.close()
+    return {"connections": len(sockets), "answered": answered, "open_seconds": opened, "alive_at_end": alive}
+
+
+JOBS = {"produce": produce, "consume": consume, "latency": latency, "idle": idle}
+
+
+def main(argv: list[str]) -> int:
+    job, args = argv[0], json.loads(argv[1])
+    result = JOBS[job](**args)
+    print(json.dumps(result), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
