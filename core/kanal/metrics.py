@@ -38,6 +38,12 @@ class GatewayMetrics:
         self.upstream_connections = Gauge(
             "gateway_upstream_connections_active", "Open upstream connections", registry=r
         )
+        self.streamed = Counter(
+            "gateway_streamed_responses",
+            "Responses forwarded while they arrived (cut-through), by API",
+            ["api_key"],
+            registry=r,
+        )
         self.upstream_errors = Counter("gateway_upstream_errors", "Failed or lost upstream connections", registry=r)
         self._bound: dict[int, tuple[Counter, Counter, Counter, Counter, Histogram]] = {}
         self.lifecycle: Histogram | None = None
@@ -87,6 +93,9 @@ class GatewayMetrics:
         responses.inc()
         response_bytes.inc(size + 4)
         latency.observe(seconds)
+
+    def streamed_response(self, api_key: int) -> None:
+        self.streamed.labels(api_name(api_key)).inc()
 
     def upstream_error(self) -> None:
         self.upstream_errors.inc()

@@ -44,3 +44,18 @@ def test_huge_length_does_not_allocate() -> None:
 def test_negative_length_is_invalid() -> None:
     with pytest.raises(InvalidFrame):
         FrameReader().feed(struct.pack(">i", -5))
+
+
+def test_a_partial_frame_can_be_taken_over_for_cut_through() -> None:
+    reader = FrameReader()
+    wire = frame(b"\x00\x00\x00\x07" + b"x" * 100) + frame(b"next")
+    assert reader.feed(wire[:10]) == []
+    assert reader.take_partial() == (104, bytearray(b"\x00\x00\x00\x07xx"))
+    # the caller reads the remaining 98 bytes itself; the reader starts at the next frame
+    assert [bytes(f) for f in reader.feed(wire[4 + 104 :])] == [b"next"]
+
+
+def test_no_partial_before_the_correlation_id() -> None:
+    reader = FrameReader()
+    reader.feed(frame(b"abcdefgh")[:6])
+    assert reader.take_partial() is None

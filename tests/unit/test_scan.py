@@ -78,3 +78,22 @@ def test_produce_scan_finds_endpoints() -> None:
 def test_older_versions_never_carry_endpoints_and_garbage_is_decoded() -> None:
     assert not has_node_endpoints(1, 15, b"\x00" * 40)
     assert has_node_endpoints(1, 16, b"\x00\x00\x00\x01\x00\x00")  # truncated: let the decoder judge
+
+
+def test_chunked_view_finds_the_same_position_as_the_whole_frame() -> None:
+    from kanal.protocol.scan import NEUTRAL_TAG, ChunkedView, node_endpoints_position
+
+    frame = _fetch(16, 2, 1)
+    where = node_endpoints_position(1, 16, frame)
+    assert where is not None and frame[where] == 0
+    for cut in (1, 7, 100, len(frame) // 2):
+        chunks = [b"\x00\x00\x00\x00" + frame[:cut], frame[cut:]]  # a length prefix, then two chunks
+        assert node_endpoints_position(1, 16, ChunkedView(chunks, offset=4)) == where
+    patched = bytearray(frame)
+    patched[where] = NEUTRAL_TAG  # what the gateway does when it cannot rewrite any more
+    assert node_endpoints_position(1, 16, patched) is None
+    # KIP-482: clients skip unknown tagged fields. kio is stricter, so show the rest of the frame
+    # decodes once that one field is cut out (count byte before it set to zero).
+    assert frame[where - 1] == 1  # one top-level tagged field
+    body = decode_response(1, 16, bytes(frame[: where - 1]) + b"\x00")
+    assert body.node_endpoints == () and len(body.responses) == 2

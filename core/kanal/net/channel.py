@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import struct
 from collections import deque
+from collections.abc import Callable
 from typing import Any
 
 import trio
@@ -49,6 +50,70 @@ class KafkaChannel:
                 raise PeerClosed("connection closed by peer")
             frames.extend(self._reader.feed(data))
         return frames.popleft()
+
+    async def receive_head(self) -> bytearray | tuple[int, bytearray]:
+        """The next frame if it is already whole, else ``(size, first bytes)`` of a frame still
+        arriving (at least its correlation id); the caller must then :meth:`relay` the rest."""
+        frames = self._frames
+        while not frames:
+            partial = self._reader.take_partial()
+            if partial is not None:
+                return partial
+            data = await self.stream.receive_some(READ_SIZE)
+            if not data:
+                raise PeerClosed("connection closed by peer")
+            frames.extend(self._reader.feed(data))
+        return frames.popleft()
+
+    async def relay(
+        self,
+        out: trio.abc.SendStream,
+        size: int,
+        head: bytearray,
+        hold: int = 0,
+        finish: Callable[[list[bytes | bytearray], int], bytes] | None = None,
+    ) -> None:
+        """Forwards a frame to ``out`` while it arrives (cut-through): the length prefix and
+        ``head`` at once, then each chunk as it is received.
+
+        With ``hold``, the last ``hold`` bytes are kept back until the whole frame is in; then
+        ``finish(chunks, held_from)`` gets every chunk of the frame (length prefix included) and
+        the wire offset where the held bytes start, and returns the bytes to send in their place
+        (the same length: the prefix is already gone).
+        """
+        total = 4 + size
+        chunks: list[bytes | bytearray] = [_LEN.pack(size) + bytes(head)]
+        received = len(chunks[0])
+        held_from = total - hold
+        sent = 0
+
+        async def send_up_to(limit: int) -> None:
+            nonlocal sent
+            offset = 0
+            for chunk in chunks:
+                end = offset + len(chunk)
+                if end > sent and offset < limit:
+                    await out.send_all(memoryview(chunk)[max(sent - offset, 0) : min(limit, end) - offset])
+                offset = end
+            sent = max(sent, limit)
+
+        await send_up_to(min(received, held_from))
+        while received < total:
+            data = await self.stream.receive_some(min(READ_SIZE, total - received))
+            if not data:
+                raise PeerClosed("connection closed by peer")
+            received += len(data)
+            if hold:
+                chunks.append(data)
+                await send_up_to(min(received, held_from))
+            else:
+                await out.send_all(data)
+                sent = received
+        if hold:
+            assert finish is not None
+            tail = finish(chunks, held_from)
+            assert len(tail) == total - held_from
+            await out.send_all(tail)
 
     async def aclose(self) -> None:
         await self.stream.aclose()

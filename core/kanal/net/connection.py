@@ -48,7 +48,7 @@ from kanal.protocol.messages import (
 )
 from kanal.protocol.records import RecordSet
 from kanal.protocol.rewrite import broker_addresses, carries_addresses, rewrite_addresses
-from kanal.protocol.scan import has_node_endpoints
+from kanal.protocol.scan import NEUTRAL_TAG, ChunkedView, has_node_endpoints, node_endpoints_position
 
 if TYPE_CHECKING:
     from kanal.gateway import Gateway
@@ -235,10 +235,16 @@ class ClientConnection:
                     if pending.local is not None:
                         out = pending.local
                     else:
-                        frame = await self._upstream_response(pending.upstream_corr)
+                        relay = not pending.decode and self.gateway.tap is None
+                        head = await self._upstream_response(pending.upstream_corr, relay)
                         if metrics.lifecycle is not None:
                             metrics.stage("upstream", pending.api_key, "", time.perf_counter() - pending.forwarded)
-                        out = await self._process_response(pending, frame)
+                        if isinstance(head, tuple):  # a large response still arriving: cut through
+                            await self._relay_response(pending, *head)
+                            metrics.streamed_response(pending.api_key)
+                            metrics.response(pending.api_key, head[0], time.perf_counter() - pending.started)
+                            continue
+                        out = await self._process_response(pending, head)
                         set_response_correlation_id(out, pending.client_corr)
                     if self.gateway.tap is not None:
                         self.gateway.tap(self.info, "g2c", out)
@@ -257,23 +263,56 @@ class ClientConnection:
             log.exception("closing client %s: response handling failed", self.info.client_address, extra=self._fields())
             scope.cancel()
 
-    async def _upstream_response(self, expected: int) -> bytearray:
-        """The upstream frame answering ``expected``, skipping answers to acks=0 produces."""
+    async def _upstream_response(self, expected: int, relay: bool = False) -> bytearray | tuple[int, bytearray]:
+        """The upstream frame answering ``expected``, skipping answers to acks=0 produces. With
+        ``relay``, a frame still arriving comes back as ``(size, first bytes)`` for cut-through."""
         assert self.upstream is not None
         unanswered = self._unanswered
         while True:
-            frame = await self.upstream.receive_frame()
-            if self.gateway.tap is not None:
-                self.gateway.tap(self.info, "u2g", frame)
-            corr = response_correlation_id(frame)
+            head = await (self.upstream.receive_head() if relay else self.upstream.receive_frame())
+            first = head[1] if isinstance(head, tuple) else head
+            if not isinstance(head, tuple) and self.gateway.tap is not None:
+                self.gateway.tap(self.info, "u2g", head)
+            corr = response_correlation_id(first)
             if corr == expected:
                 while unanswered and _sent_before(unanswered[0], expected):
                     unanswered.popleft()  # never answered, as Kafka specifies
-                return frame
+                return head
             if unanswered and corr == unanswered[0]:
                 unanswered.popleft()
+                if isinstance(head, tuple):
+                    await self.upstream.relay(_Discard(), head[0], head[1])
                 continue
             raise ProtocolViolation(f"upstream answered correlation id {corr}, expected {expected}")
+
+    async def _relay_response(self, pending: Pending, size: int, head: bytearray) -> None:
+        """Forwards a response while it arrives. Produce and Fetch responses that may carry KIP-951
+        leader hints keep their last bytes back until the scan has found where the hints are."""
+        assert self.upstream is not None
+        set_response_correlation_id(head, pending.client_corr)
+        api_key, version = pending.api_key, pending.api_version
+        if not carries_addresses(api_key, version):
+            await self.upstream.relay(self.client, size, head)
+            return
+
+        def finish(chunks: list[bytes | bytearray], held_from: int) -> bytes:
+            try:
+                where = node_endpoints_position(api_key, version, ChunkedView(chunks, offset=4))
+            except (IndexError, ValueError) as exc:
+                raise ProtocolViolation(f"malformed {api_name(api_key)} response from upstream: {exc}") from exc
+            tail = bytearray(b"".join(chunks)[held_from:])
+            if where is not None:
+                if where + 4 < held_from:
+                    raise ProtocolViolation("KIP-951 leader hints too far from the end of a streamed response")
+                # Too late to rewrite (the length went out first): hide the hints under a tag no
+                # client knows; clients skip it and ask the gateway for Metadata instead.
+                tail[where + 4 - held_from] = NEUTRAL_TAG
+                log.info(
+                    "dropped KIP-951 leader hints from a streamed %s response", api_name(api_key), extra=self._fields()
+                )
+            return bytes(tail)
+
+        await self.upstream.relay(self.client, size, head, hold=min(_HOLD, 4 + size), finish=finish)
 
     # -- requests ----------------------------------------------------------------------------
 
@@ -520,6 +559,22 @@ class ClientConnection:
                 partitions.append(part)
             topics.append(replace(topic, partitions=tuple(partitions)) if changed else topic)
         return replace(response, responses=tuple(topics)) if changed else response
+
+
+_HOLD = 64 * 1024  # bytes of a streamed Produce/Fetch response kept back for the leader-hint scan
+
+
+class _Discard(trio.abc.SendStream):
+    """Where the answer to an acks=0 produce goes (some brokers send one)."""
+
+    async def send_all(self, data: bytes | bytearray | memoryview) -> None:
+        return None
+
+    async def wait_send_all_might_not_block(self) -> None:
+        return None
+
+    async def aclose(self) -> None:
+        return None
 
 
 def _sent_before(a: int, b: int) -> bool:

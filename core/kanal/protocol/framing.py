@@ -63,6 +63,17 @@ class FrameReader:
             del buf[:pos]
         return frames
 
+    def take_partial(self) -> tuple[int, bytearray] | None:
+        """Hands over a frame still arriving, for cut-through forwarding: its body size and the
+        body bytes received so far (at least 4, the correlation id). The reader then expects a new
+        frame: the caller must consume the rest of this one from the stream itself."""
+        if self._need < 0 or len(self._buf) < 4:
+            return None
+        size, head = self._need, self._buf
+        self._buf = bytearray()
+        self._need = -1
+        return size, head
+
     @property
     def buffered(self) -> int:
         """Bytes held for an incomplete frame."""

@@ -9,12 +9,21 @@ from __future__ import annotations
 
 import struct
 from dataclasses import dataclass
+from typing import Protocol
 
 from kanal.protocol.api import request_header_version
 
 _HDR = struct.Struct(">hhi")
 _I16 = struct.Struct(">h")
 _I32 = struct.Struct(">i")
+
+
+class Indexable(Protocol):
+    """Bytes that can be read one at a time: bytes, bytearray, memoryview, or a chunked view."""
+
+    def __getitem__(self, index: int, /) -> int: ...
+
+    def __len__(self) -> int: ...
 
 
 class InvalidHeader(ValueError):
@@ -33,7 +42,7 @@ class RequestHeader:
     body_offset: int
 
 
-def read_uvarint(buf: bytes | bytearray | memoryview, pos: int) -> tuple[int, int]:
+def read_uvarint(buf: Indexable, pos: int) -> tuple[int, int]:
     """Reads an unsigned varint; returns (value, new position)."""
     result = 0
     shift = 0
@@ -50,7 +59,7 @@ def read_uvarint(buf: bytes | bytearray | memoryview, pos: int) -> tuple[int, in
             raise InvalidHeader("varint too long")
 
 
-def skip_tagged_fields(buf: bytes | bytearray | memoryview, pos: int) -> int:
+def skip_tagged_fields(buf: Indexable, pos: int) -> int:
     """Skips a tagged-field section; returns the position after it."""
     count, pos = read_uvarint(buf, pos)
     for _ in range(count):
