@@ -44,6 +44,12 @@ class GatewayMetrics:
             ["api_key"],
             registry=r,
         )
+        self.streamed_requests = Counter(
+            "gateway_streamed_requests",
+            "Requests forwarded while they arrived (cut-through), by API",
+            ["api_key"],
+            registry=r,
+        )
         self.upstream_errors = Counter("gateway_upstream_errors", "Failed or lost upstream connections", registry=r)
         self._bound: dict[int, tuple[Counter, Counter, Counter, Counter, Histogram]] = {}
         self.lifecycle: Histogram | None = None
@@ -96,6 +102,9 @@ class GatewayMetrics:
 
     def streamed_response(self, api_key: int) -> None:
         self.streamed.labels(api_name(api_key)).inc()
+
+    def streamed_request(self, api_key: int) -> None:
+        self.streamed_requests.labels(api_name(api_key)).inc()
 
     def upstream_error(self) -> None:
         self.upstream_errors.inc()

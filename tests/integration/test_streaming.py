@@ -88,9 +88,32 @@ def test_large_fetch_responses_arrive_intact(
 
 
 def _streamed_fetches(gateway: GatewayProcess) -> float:
+    return _counter(gateway, 'gateway_streamed_responses_total{api_key="Fetch"}')
+
+
+def _counter(gateway: GatewayProcess, series: str) -> float:
     port = gateway.env["GATEWAY_HTTP_PORT"]
     text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
     for line in text.splitlines():
-        if line.startswith('gateway_streamed_responses_total{api_key="Fetch"}'):
+        if line.startswith(series):
             return float(line.split()[-1])
     return 0.0
+
+
+def test_large_produce_requests_are_streamed_and_stored_intact(gateway: GatewayProcess, tansu: TansuBroker) -> None:
+    topic = f"streaming-produce-{time.time_ns()}"
+    admin = AdminClient({"bootstrap.servers": tansu.bootstrap})
+    for future in admin.create_topics([NewTopic(topic, 1)]).values():
+        future.result(timeout=15)
+    values = [os.urandom(1000) for _ in range(COUNT)]
+    before = _counter(gateway, 'gateway_streamed_requests_total{api_key="Produce"}')
+    producer = Producer(
+        {"bootstrap.servers": gateway.bootstrap, "linger.ms": 50, "batch.size": 1_000_000, "batch.num.messages": 10_000}
+    )
+    for value in values:
+        producer.produce(topic, value)
+    assert producer.flush(30) == 0
+    assert _counter(gateway, 'gateway_streamed_requests_total{api_key="Produce"}') > before
+    got = _confluent(tansu.bootstrap, topic)
+    assert [offset for offset, _ in got] == list(range(COUNT))
+    assert [value for _, value in got] == values

@@ -73,50 +73,63 @@ class KafkaChannel:
         hold: int = 0,
         finish: Callable[[list[bytes | bytearray], int], bytes] | None = None,
     ) -> None:
-        """Forwards a frame to ``out`` while it arrives (cut-through): the length prefix and
-        ``head`` at once, then each chunk as it is received.
-
-        With ``hold``, the last ``hold`` bytes are kept back until the whole frame is in; then
-        ``finish(chunks, held_from)`` gets every chunk of the frame (length prefix included) and
-        the wire offset where the held bytes start, and returns the bytes to send in their place
-        (the same length: the prefix is already gone).
-        """
-        total = 4 + size
-        chunks: list[bytes | bytearray] = [_LEN.pack(size) + bytes(head)]
-        received = len(chunks[0])
-        held_from = total - hold
-        sent = 0
-
-        async def send_up_to(limit: int) -> None:
-            nonlocal sent
-            offset = 0
-            for chunk in chunks:
-                end = offset + len(chunk)
-                if end > sent and offset < limit:
-                    await out.send_all(memoryview(chunk)[max(sent - offset, 0) : min(limit, end) - offset])
-                offset = end
-            sent = max(sent, limit)
-
-        await send_up_to(min(received, held_from))
-        while received < total:
-            data = await self.stream.receive_some(min(READ_SIZE, total - received))
-            if not data:
-                raise PeerClosed("connection closed by peer")
-            received += len(data)
-            if hold:
-                chunks.append(data)
-                await send_up_to(min(received, held_from))
-            else:
-                await out.send_all(data)
-                sent = received
-        if hold:
-            assert finish is not None
-            tail = finish(chunks, held_from)
-            assert len(tail) == total - held_from
-            await out.send_all(tail)
+        """Forwards the rest of a frame from this channel to ``out`` (see :func:`relay`)."""
+        await relay(self.stream, out, size, head, hold, finish)
 
     async def aclose(self) -> None:
         await self.stream.aclose()
+
+
+async def relay(
+    source: trio.abc.ReceiveStream,
+    out: trio.abc.SendStream,
+    size: int,
+    head: bytearray,
+    hold: int = 0,
+    finish: Callable[[list[bytes | bytearray], int], bytes] | None = None,
+) -> None:
+    """Forwards a frame while it arrives (cut-through): the length prefix and ``head`` (the first
+    bytes of the body, already read) at once, then each chunk read from ``source`` as it comes,
+    never reading past the frame.
+
+    With ``hold``, the last ``hold`` bytes are kept back until the whole frame is in; then
+    ``finish(chunks, held_from)`` gets every chunk of the frame (length prefix included) and the
+    wire offset where the held bytes start, and returns the bytes to send in their place (the same
+    length: the prefix is already gone).
+    """
+    total = 4 + size
+    chunks: list[bytes | bytearray] = [_LEN.pack(size) + bytes(head)]
+    received = len(chunks[0])
+    held_from = total - hold
+    sent = 0
+
+    async def send_up_to(limit: int) -> None:
+        nonlocal sent
+        offset = 0
+        for chunk in chunks:
+            end = offset + len(chunk)
+            if end > sent and offset < limit:
+                await out.send_all(memoryview(chunk)[max(sent - offset, 0) : min(limit, end) - offset])
+            offset = end
+        sent = max(sent, limit)
+
+    await send_up_to(min(received, held_from))
+    while received < total:
+        data = await source.receive_some(min(READ_SIZE, total - received))
+        if not data:
+            raise PeerClosed("connection closed by peer")
+        received += len(data)
+        if hold:
+            chunks.append(data)
+            await send_up_to(min(received, held_from))
+        else:
+            await out.send_all(data)
+            sent = received
+    if hold:
+        assert finish is not None
+        tail = finish(chunks, held_from)
+        assert len(tail) == total - held_from
+        await out.send_all(tail)
 
 
 class RequestChannel:

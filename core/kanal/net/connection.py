@@ -21,7 +21,7 @@ import trio
 from kio.schema.errors import ErrorCode
 
 from kanal.metrics import GatewayMetrics
-from kanal.net.channel import READ_SIZE, KafkaChannel, PeerClosed
+from kanal.net.channel import READ_SIZE, KafkaChannel, PeerClosed, relay
 from kanal.pipeline.chain import ResolvedChain
 from kanal.pipeline.context import Connection, RecordsContext, RequestContext, ResponseContext
 from kanal.pipeline.results import Close, PartitionError, Reject, Respond
@@ -34,6 +34,7 @@ from kanal.protocol.headers import (
     InvalidHeader,
     RequestHeader,
     parse_request_header,
+    peek_request,
     produce_acks,
     response_correlation_id,
     set_request_correlation_id,
@@ -215,6 +216,10 @@ class ClientConnection:
                             if self.gateway.tap is not None:
                                 self.gateway.tap(self.info, "c2g", frame)
                             await self._handle_request(frame, send)
+                        partial = self._reader.peek_partial()
+                        if partial is not None and self._may_stream(*partial):
+                            self._reader.take_partial()
+                            await self._handle_request(partial[1], send, partial[0])
                 except (FrameTooLarge, InvalidFrame, InvalidHeader, ProtocolViolation) as exc:
                     log.warning("closing client %s: %s", self.info.client_address, exc, extra=self._fields())
                     scope.cancel()
@@ -320,7 +325,18 @@ class ClientConnection:
         self._next_corr = (self._next_corr + 1) & 0x7FFFFFFF
         return self._next_corr
 
-    async def _handle_request(self, frame: bytearray, send: trio.MemorySendChannel[Pending]) -> None:
+    def _may_stream(self, size: int, head: bytearray) -> bool:
+        """A large request no hook needs is forwarded while it arrives, once its header is in."""
+        if size < _STREAM_FROM or len(head) < _STREAM_HEAD or self.gateway.tap is not None:
+            return False
+        api_key, _, _ = peek_request(head)
+        return not self.chain().decode_request(api_key)
+
+    async def _handle_request(
+        self, frame: bytearray, send: trio.MemorySendChannel[Pending], streamed_size: int | None = None
+    ) -> None:
+        """Handles one request. With ``streamed_size``, ``frame`` is only the start of a large frame
+        still arriving, which is forwarded while it arrives (only for requests no hook decodes)."""
         header = parse_request_header(frame)
         api_key, version = header.api_key, header.api_version
         if request_class(api_key, version) is None and api_key != ApiKey.API_VERSIONS:
@@ -329,9 +345,10 @@ class ClientConnection:
             raise ProtocolViolation(f"unsupported request: api key {api_key} version {version}")
         started = time.perf_counter()
         self.info.client_id = header.client_id
-        self.gateway.metrics.request(api_key, len(frame))
+        self.gateway.metrics.request(api_key, len(frame) if streamed_size is None else streamed_size)
         chain = self.chain()
         if chain.decode_request(api_key):
+            assert streamed_size is None
             await self._intercept_request(frame, header, chain, send, started)
             return
         expects = api_key != ApiKey.PRODUCE or produce_acks(frame, header) != 0
@@ -352,7 +369,12 @@ class ClientConnection:
             )
         else:
             self._unanswered.append(upstream_corr)
-        await self._send_upstream(frame)
+        if streamed_size is None:
+            await self._send_upstream(frame)
+        else:
+            assert self.upstream is not None
+            await relay(self.client, self.upstream.stream, streamed_size, frame)
+            self.gateway.metrics.streamed_request(api_key)
 
     async def _send_upstream(self, frame: bytearray) -> None:
         assert self.upstream is not None
@@ -562,6 +584,8 @@ class ClientConnection:
 
 
 _HOLD = 64 * 1024  # bytes of a streamed Produce/Fetch response kept back for the leader-hint scan
+_STREAM_FROM = 256 * 1024  # requests at least this large are forwarded while they arrive
+_STREAM_HEAD = 1024  # once this much of them is in: enough for the header and Produce's acks
 
 
 class _Discard(trio.abc.SendStream):

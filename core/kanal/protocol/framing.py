@@ -63,6 +63,12 @@ class FrameReader:
             del buf[:pos]
         return frames
 
+    def peek_partial(self) -> tuple[int, bytearray] | None:
+        """Like :meth:`take_partial`, without handing the frame over."""
+        if self._need < 0 or len(self._buf) < 4:
+            return None
+        return self._need, self._buf
+
     def take_partial(self) -> tuple[int, bytearray] | None:
         """Hands over a frame still arriving, for cut-through forwarding: its body size and the
         body bytes received so far (at least 4, the correlation id). The reader then expects a new
