@@ -21,6 +21,7 @@ from kanal.pipeline.chain import Pipeline
 from kanal.pipeline.context import Connection
 from kanal.pipeline.registry import PluginRegistry
 from kanal.protocol.api import ApiKey
+from kanal.protocol.api import preload as preload_schemas
 from kanal.protocol.rewrite import Address
 from kanal.protocol.topic_names import TopicNames
 
@@ -153,6 +154,7 @@ class Gateway:
                 log.warning("waiting for the upstream cluster: %s", exc)
                 await trio.sleep(delay)
                 delay = min(delay * 2, 5.0)
+        preload_schemas(self.control.versions)
         self.topic_names.learn(ApiKey.METADATA, metadata)
         self.learn_brokers({int(b.node_id): (str(b.host), int(b.port)) for b in metadata.brokers})
         ids = sorted(self.brokers)

@@ -112,3 +112,38 @@ def response_header_version(api_key: int, version: int) -> int:
 def produce_expects_response(acks: int) -> bool:
     """Produce with acks=0 gets no response at all from the broker."""
     return acks != 0
+
+
+# APIs on every client's path: their schemas are loaded at startup, not on a first request.
+HOT_APIS = (
+    ApiKey.PRODUCE,
+    ApiKey.FETCH,
+    ApiKey.LIST_OFFSETS,
+    ApiKey.METADATA,
+    ApiKey.OFFSET_COMMIT,
+    ApiKey.OFFSET_FETCH,
+    ApiKey.FIND_COORDINATOR,
+    ApiKey.JOIN_GROUP,
+    ApiKey.HEARTBEAT,
+    ApiKey.SYNC_GROUP,
+    ApiKey.API_VERSIONS,
+)
+
+
+def preload(upstream_versions: dict[int, tuple[int, int]], api_keys: tuple[int, ...] = HOT_APIS) -> int:
+    """Imports the kio schemas of the version clients will pick for these APIs (the highest both
+    the gateway and the upstream speak); returns how many were loaded.
+
+    kio imports a schema module on first use, which stalls the event loop for tens of
+    milliseconds: a gateway pays that once at startup instead of on a client's first requests.
+    """
+    loaded = 0
+    for key in api_keys:
+        ours = supported_versions(key)
+        theirs = upstream_versions.get(key)
+        if ours is None or theirs is None or max(ours[0], theirs[0]) > min(ours[1], theirs[1]):
+            continue
+        version = min(ours[1], theirs[1])
+        loaded += request_class(key, version) is not None
+        loaded += response_class(key, version) is not None
+    return loaded
