@@ -15,6 +15,7 @@ import hmac
 import os
 import socket
 import socketserver
+import ssl
 import struct
 import threading
 from typing import Any
@@ -78,9 +79,16 @@ class _Scram:
 
 
 class SaslFront:
-    """Listens on a free port; ``authenticated`` counts connections that passed SASL."""
+    """Listens on a free port; ``authenticated`` counts connections that passed SASL.
 
-    def __init__(self, mechanism: str, username: str, password: str) -> None:
+    With ``tls``, connections are TLS first (Tansu 0.6.0's CLI refuses ``--cert`` together with
+    ``--key``, so it cannot serve TLS itself); with ``mechanism=None`` there is no SASL step.
+    """
+
+    def __init__(
+        self, mechanism: str | None, username: str = "", password: str = "", tls: ssl.SSLContext | None = None
+    ) -> None:
+        self.tls = tls
         self.broker: tuple[str, int] = ("127.0.0.1", 0)  # set once the broker behind is started
         self.mechanism, self.username, self.password = mechanism, username, password
         self.authenticated = 0
@@ -101,7 +109,13 @@ class SaslFront:
         self.server.server_close()
 
     def _serve(self, client: socket.socket) -> None:
-        if not self._authenticate(client):
+        if self.tls is not None:
+            try:
+                client = self.tls.wrap_socket(client, server_side=True)
+            except (ssl.SSLError, OSError):
+                self.refused += 1
+                return
+        if self.mechanism is not None and not self._authenticate(client):
             self.refused += 1
             return
         self.authenticated += 1
@@ -110,6 +124,7 @@ class SaslFront:
         _pump(client, upstream)
 
     def _authenticate(self, client: socket.socket) -> bool:
+        assert self.mechanism is not None
         scram = _Scram(self.mechanism, self.password) if self.mechanism.startswith("SCRAM") else None
         step = 0
         while True:

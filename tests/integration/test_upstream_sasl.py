@@ -88,3 +88,39 @@ class _FrontedBroker:
     def __init__(self, broker: TansuBroker, address: str) -> None:
         self.bootstrap = address
         self.node_id = broker.node_id
+
+
+@pytest.mark.parametrize("protocol", ["SSL", "SASL_SSL"])
+def test_gateway_speaks_tls_to_the_cluster(tmp_path: Path, protocol: str, unique_topic: Callable[..., str]) -> None:
+    import ssl
+
+    from test_tls import _certificates
+
+    ca, cert, key = _certificates(tmp_path)
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(cert, key)
+    front = SaslFront("SCRAM-SHA-512" if protocol == "SASL_SSL" else None, "gateway-user", "pw", tls=context)
+    broker = TansuBroker(advertised=front.address, log_path=tmp_path / "tansu.log").start()
+    front.broker = _split(broker.bootstrap)
+    env = {
+        "KAFKA_SECURITY_PROTOCOL": protocol,
+        "KAFKA_SSL_CA_LOCATION": str(ca),
+        "KAFKA_SASL_MECHANISM": "SCRAM-SHA-512",
+        "KAFKA_SASL_USERNAME": "gateway-user",
+        "KAFKA_SASL_PASSWORD": "pw",
+    }
+    try:
+        topic = unique_topic()
+        with inprocess_gateway(_FrontedBroker(broker, front.address), env=env) as gw:  # type: ignore[arg-type]
+            admin = AdminClient({"bootstrap.servers": bootstrap_of(gw)})
+            for future in admin.create_topics([NewTopic(topic, 1)]).values():
+                future.result(timeout=15)
+            producer = Producer({"bootstrap.servers": bootstrap_of(gw)})
+            producer.produce(topic, b"over tls")
+            assert producer.flush(15) == 0
+        assert front.refused == 0
+        if protocol == "SASL_SSL":
+            assert front.authenticated >= 2
+    finally:
+        front.close()
+        broker.stop()
