@@ -163,3 +163,15 @@ def test_duplicate_type_names_from_two_plugins_are_refused() -> None:
 
     with pytest.raises(PluginError, match="provided by both one and two"):
         registry.register(Other(), "two")
+
+
+def test_sources_are_replaced_independently(pipeline: Pipeline) -> None:
+    pipeline.configure([spec("from-file", tag="f")])
+    pipeline.configure([spec("from-admin", tag="a")], source="admin")
+    pipeline.configure([spec("from-plugin", tag="p")], source="views")
+    assert sorted(s.name for s in pipeline.specs()) == ["from-admin", "from-file", "from-plugin"]
+    pipeline.configure([], source="admin")
+    assert sorted(c.spec.name for c in pipeline.resolve().interceptors) == ["from-file", "from-plugin"]
+    assert [s.name for s in pipeline.specs(source="views")] == ["from-plugin"]
+    with pytest.raises(InterceptorConfigError, match="already defined by config"):
+        pipeline.configure([spec("from-file", tag="again")], source="admin")

@@ -133,7 +133,7 @@ def _canonical(manifest: Any, kind: ResourceKind) -> Manifest:
 def interceptor_kind(gateway: Gateway) -> ResourceKind:
     """The Interceptor kind of this gateway; interceptors configured before it (the config file) stay."""
     pipeline, registry = gateway.pipeline, gateway.registry
-    static_specs = tuple(pipeline.specs())
+    static_specs = tuple(pipeline.specs(source="config"))
     static_keys = {(s.name, s.scope) for s in static_specs}
 
     def validate(manifest: Any, state: StateView) -> Manifest:
@@ -167,7 +167,7 @@ def interceptor_kind(gateway: Gateway) -> ResourceKind:
                 continue
             usable.append(spec)
             statuses[key] = READY
-        pipeline.configure([*static_specs, *usable])
+        pipeline.configure(usable, source="admin")
         return statuses
 
     def static() -> list[Manifest]:

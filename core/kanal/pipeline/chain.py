@@ -140,30 +140,41 @@ def _build(interceptors: Sequence[Configured]) -> ResolvedChain:
 class Pipeline:
     """All configured interceptors of a gateway; resolves the chain for a connection identity.
 
-    ``version`` changes whenever the interceptors change, so connections can pick up a new
-    chain on their next request without locks.
+    Interceptors come from several sources, each replaced as a whole: ``config`` (the config
+    file), ``admin`` (the admin API's resources), and plugins that install interceptors of their
+    own for resources they manage (a source named after the plugin). ``version`` changes whenever
+    any of them changes, so connections pick up a new chain on their next request without locks.
     """
 
     def __init__(self, registry: PluginRegistry) -> None:
         self.registry = registry
         self.version = 0
-        self._configured: dict[tuple[str, Any], Configured] = {}
+        self._sources: dict[str, dict[tuple[str, Any], Configured]] = {}
         self._cache: dict[tuple[str | None, tuple[str, ...], str | None], ResolvedChain] = {}
 
-    def configure(self, specs: Sequence[InterceptorSpec]) -> None:
-        """Replaces the whole set; raises before changing anything if one spec is invalid."""
+    def configure(self, specs: Sequence[InterceptorSpec], source: str = "config") -> None:
+        """Replaces the interceptors of one source; raises before changing anything if one spec is
+        invalid or takes a name and scope another source already has."""
+        taken = {key: name for name, items in self._sources.items() if name != source for key in items}
         configured: dict[tuple[str, Any], Configured] = {}
         for spec in specs:
             key = (spec.name, spec.scope)
             if key in configured:
                 raise InterceptorConfigError(f"interceptor {spec.name!r} is defined twice for the same scope")
+            if key in taken:
+                raise InterceptorConfigError(
+                    f"interceptor {spec.name!r} with this scope is already defined by {taken[key]}"
+                )
             configured[key] = instantiate(spec, self.registry)
-        self._configured = configured
+        self._sources[source] = configured
         self._cache.clear()
         self.version += 1
 
-    def specs(self) -> list[InterceptorSpec]:
-        return [c.spec for c in self._configured.values()]
+    def specs(self, source: str | None = None) -> list[InterceptorSpec]:
+        """The configured interceptors, of one source or of all."""
+        if source is not None:
+            return [c.spec for c in self._sources.get(source, {}).values()]
+        return [c.spec for items in self._sources.values() for c in items.values()]
 
     def resolve(
         self, username: str | None = None, groups: tuple[str, ...] = (), vcluster: str | None = None
@@ -173,7 +184,7 @@ class Pipeline:
         chain = self._cache.get(key)
         if chain is None:
             chosen: dict[str, Configured] = {}
-            for item in self._configured.values():
+            for item in (c for items in self._sources.values() for c in items.values()):
                 if not item.spec.scope.matches(username, groups, vcluster):
                     continue
                 current = chosen.get(item.spec.name)
