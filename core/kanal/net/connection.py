@@ -240,8 +240,8 @@ class ClientConnection:
                     if pending.local is not None:
                         out = pending.local
                     else:
-                        relay = not pending.decode and self.gateway.tap is None
-                        head = await self._upstream_response(pending.upstream_corr, relay)
+                        streamable = not pending.decode and self.gateway.tap is None
+                        head = await self._upstream_response(pending.upstream_corr, streamable)
                         if metrics.lifecycle is not None:
                             metrics.stage("upstream", pending.api_key, "", time.perf_counter() - pending.forwarded)
                         if isinstance(head, tuple):  # a large response still arriving: cut through
@@ -268,13 +268,13 @@ class ClientConnection:
             log.exception("closing client %s: response handling failed", self.info.client_address, extra=self._fields())
             scope.cancel()
 
-    async def _upstream_response(self, expected: int, relay: bool = False) -> bytearray | tuple[int, bytearray]:
-        """The upstream frame answering ``expected``, skipping answers to acks=0 produces. With
-        ``relay``, a frame still arriving comes back as ``(size, first bytes)`` for cut-through."""
+    async def _upstream_response(self, expected: int, streamable: bool = False) -> bytearray | tuple[int, bytearray]:
+        """The upstream frame answering ``expected``, skipping answers to acks=0 produces. When
+        ``streamable``, a frame still arriving comes back as ``(size, first bytes)`` for cut-through."""
         assert self.upstream is not None
         unanswered = self._unanswered
         while True:
-            head = await (self.upstream.receive_head() if relay else self.upstream.receive_frame())
+            head = await (self.upstream.receive_head() if streamable else self.upstream.receive_frame())
             first = head[1] if isinstance(head, tuple) else head
             if not isinstance(head, tuple) and self.gateway.tap is not None:
                 self.gateway.tap(self.info, "u2g", head)
@@ -305,7 +305,7 @@ class ClientConnection:
                 where = node_endpoints_position(api_key, version, ChunkedView(chunks, offset=4))
             except (IndexError, ValueError) as exc:
                 raise ProtocolViolation(f"malformed {api_name(api_key)} response from upstream: {exc}") from exc
-            tail = bytearray(b"".join(chunks)[held_from:])
+            tail = _tail(chunks, held_from)
             if where is not None:
                 if where + 4 < held_from:
                     raise ProtocolViolation("KIP-951 leader hints too far from the end of a streamed response")
@@ -599,6 +599,18 @@ class _Discard(trio.abc.SendStream):
 
     async def aclose(self) -> None:
         return None
+
+
+def _tail(chunks: list[bytes | bytearray], start: int) -> bytearray:
+    """The bytes of the chunks from offset ``start`` on, copying only those."""
+    tail = bytearray()
+    offset = 0
+    for chunk in chunks:
+        end = offset + len(chunk)
+        if end > start:
+            tail += memoryview(chunk)[max(start - offset, 0) :]
+        offset = end
+    return tail
 
 
 def _sent_before(a: int, b: int) -> bool:
