@@ -98,6 +98,9 @@ def test_malformed_frames_close_that_connection_only(gateway: GatewayProcess, da
     finally:
         bad.close()
         healthy.close()
+    deadline = time.monotonic() + 5  # the gateway logs why before it closes; its output is read by a thread
+    while "closing client" not in gateway.output and time.monotonic() < deadline:
+        time.sleep(0.02)
     assert "closing client" in gateway.output
 
 
