@@ -97,7 +97,7 @@ def test_lost_upstream_gives_retriable_errors_then_recovers(tmp_path: Path) -> N
             assert probe.closed_by_peer(timeout=15)
         finally:
             probe.close()
-        assert "upstream" in gateway.output
+        assert gateway.wait_for_output("upstream unavailable")
 
         broker = TansuBroker(port, log_path=tmp_path / "tansu-2.log").start()
         direct = AdminClient({"bootstrap.servers": broker.bootstrap})

@@ -98,10 +98,7 @@ def test_malformed_frames_close_that_connection_only(gateway: GatewayProcess, da
     finally:
         bad.close()
         healthy.close()
-    deadline = time.monotonic() + 5  # the gateway logs why before it closes; its output is read by a thread
-    while "closing client" not in gateway.output and time.monotonic() < deadline:
-        time.sleep(0.02)
-    assert "closing client" in gateway.output
+    assert gateway.wait_for_output("closing client")
 
 
 def test_a_client_that_stops_reading_does_not_grow_gateway_memory(gateway: GatewayProcess) -> None:

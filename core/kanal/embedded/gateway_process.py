@@ -131,6 +131,16 @@ class GatewayProcess:
         """Everything the gateway printed so far."""
         return self._output.text() if self._output is not None else ""
 
+    def wait_for_output(self, text: str, timeout: float = 5.0) -> bool:
+        """Whether ``text`` appears in the output within ``timeout`` (output is read by a thread,
+        so a line the gateway just wrote may not be in :attr:`output` yet)."""
+        deadline = time.monotonic() + timeout
+        while text not in self.output:
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.02)
+        return True
+
     def tail(self, n: int = 60) -> str:
         return self._output.tail(n) if self._output is not None else ""
 
