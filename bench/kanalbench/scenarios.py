@@ -77,3 +77,7 @@ def passthrough_latency(opts: Options, name: str) -> Report:
 @scenario("idle-connections", "hold N idle client connections; the gateway's RSS", count=1000)
 def idle_connections(opts: Options, name: str) -> Report:
     return measure.idle_connections(opts, name)
+
+
+# Plugin scenarios kept in modules of their own register themselves on import.
+import kanalbench.dataquality_scenario  # noqa: E402, F401  (dataquality-throughput)

@@ -45,6 +45,8 @@ async def serve(settings: Settings, registry: PluginRegistry, banner: str = "") 
     raise_open_file_limit()
     gateway = Gateway(settings, registry)
     install_admin(gateway)  # admin HTTP API, health, metrics and the persistent resource store
+    for services in registry.manager.hook.kanal_gateway_services(gateway=gateway):
+        gateway.services.extend(services or ())  # plugins' companion services (kanal_gateway_services)
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
         async with trio.open_nursery() as nursery:
             serving = False
@@ -139,7 +141,12 @@ def _version(args: argparse.Namespace) -> int:
 
 # Modules that add subcommands: each defines ``add_commands(subparsers)``; a command's handler
 # takes the parsed arguments and returns the exit code.
-COMMAND_MODULES: tuple[str, ...] = ("kanal.conformance.cli", "kanal.admin.cli")
+COMMAND_MODULES: tuple[str, ...] = (
+    "kanal.conformance.cli",
+    "kanal.admin.cli",
+    "kanal_registry_proxy.cli",
+    "kanal_dataquality.cli",
+)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -27,7 +27,7 @@ import pluggy
 if TYPE_CHECKING:
     from kanal.admin.app import AdminApi
     from kanal.admin.resources import ResourceKind
-    from kanal.gateway import Gateway
+    from kanal.gateway import Gateway, Service
     from kanal.pipeline.context import Connection, RecordsContext, RequestContext, ResponseContext
     from kanal.pipeline.interceptor import Interceptor
     from kanal.pipeline.results import RecordsResult, RequestResult, ResponseResult
@@ -81,6 +81,19 @@ class PluginHooks:
         holds the stored resources, ``admin.gateway`` the gateway, ``admin.audit(action, **fields)``
         records a change. Raise :class:`~kanal.admin.resources.ResourceError` for a JSON error
         ``{title, msg, cause}``. Views are ``async`` and run in the gateway's trio loop: never block.
+        """
+
+    @hookspec
+    def kanal_gateway_services(self, gateway: Gateway) -> list[Service]:  # type: ignore[empty-body]
+        """Return companion services to run beside the gateway (called once, at startup, after the
+        admin API is installed; ``kanal run`` and ``kanal dev`` call it).
+
+        A service is ``async def service(gateway, *, task_status)``: the gateway starts each once its
+        listeners are up, waits for ``task_status.started()`` before it reports ready, and cancels
+        it at shutdown. Use it for servers of your own (the schema registry proxy's HTTP port) or
+        background followers. Return an empty list when the plugin is not enabled. Raise
+        :class:`~kanal.config.errors.ConfigError` for a configuration that cannot work: the gateway
+        then refuses to start and names the setting.
         """
 
 

@@ -1,0 +1,406 @@
+"""Violation history and fleet-wide counts, kept in one topic of the backing cluster.
+
+The topic (``_kanal_<GATEWAY_CLUSTER_ID>_data_quality_violations`` unless
+``DATA_QUALITY_HISTORY_TOPIC`` names another; one partition, ``cleanup.policy=delete``, 7-day
+retention) holds three kinds of JSON records, keyed by policy name:
+
+* ``violation``: one history entry: ``time`` (ms), ``policy``, ``cluster``, ``topic``, ``partition``,
+  ``rules`` (failed rule names), ``message`` (their violation texts), ``details`` (per rule: text and
+  evaluation error), ``clientId``, ``action`` (``BLOCKED``, ``MARKED`` or ``REPORTED``), ``node``, ``id``;
+* ``suppressed``: violations a node did not report one by one (``DATA_QUALITY_MAX_REPORTS_PER_SECOND``),
+  as a count, so that alerts still see them;
+* ``counts``: a node's evaluated and violation counts per policy for one minute, published every
+  ``DATA_QUALITY_COUNTS_FLUSH_INTERVAL`` (at most a minute).
+
+Every node follows the topic from its start, so each serves the whole fleet's history and counts, and
+a restart loses nothing. A node shows its own violations at once (before they come back from the
+topic); counts come only from the topic, so they lag by at most the flush interval.
+"""
+
+from __future__ import annotations
+
+import collections
+import datetime
+import logging
+import time
+import uuid
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+import trio
+from kio.schema.errors import ErrorCode
+
+from kanal.admin.kafka_log import CompactedLog, LogError, LogRecord
+from kanal.config.upstream import UpstreamSettings
+from kanal.protocol.entities import build, has_field, nested
+from kanal.protocol.records import Record, encode_batch
+
+__all__ = ["RANGES", "History", "HistoryLog", "Reporter"]
+
+log = logging.getLogger(__name__)
+
+# Time ranges the admin API serves: name -> (seconds, graph bucket seconds)
+RANGES: Mapping[str, tuple[int, int]] = {
+    "30m": (1800, 60),
+    "1h": (3600, 120),
+    "1d": (86400, 3600),
+    "7d": (7 * 86400, 6 * 3600),
+}
+_MAX_AGE_MS = 7 * 86400 * 1000
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+class HistoryLog(CompactedLog):
+    """The history topic: like the state topic (the gateway's own Kafka code), but a time-retained
+    log (``cleanup.policy=delete``), written many records per call."""
+
+    def __init__(
+        self,
+        topic: str,
+        upstream: UpstreamSettings,
+        timeout: float = 10.0,
+        replication_factor: int = -1,
+        retention_seconds: float = 7 * 86400.0,
+    ) -> None:
+        super().__init__(topic, upstream, timeout, replication_factor)
+        self.retention_ms = int(retention_seconds * 1000)
+
+    async def ensure_topic(self) -> None:
+        def make(connection: Any) -> Any:
+            cls = connection.request_class(19)
+            topic_cls = nested(cls, "topics")
+            config_cls = nested(topic_cls, "configs")
+            configs = (
+                _build(config_cls, name="cleanup.policy", value="delete"),
+                _build(config_cls, name="retention.ms", value=str(self.retention_ms)),
+            )
+            topic = _build(
+                topic_cls,
+                name=self.topic,
+                num_partitions=1,
+                replication_factor=self.replication_factor,
+                configs=configs,
+            )
+            return _build(cls, topics=(topic,), timeout=_ms(self.timeout))
+
+        reply = await self._call(make)
+        await self.reset()
+        for result in reply.topics:
+            if result.error_code not in (ErrorCode.none, ErrorCode.topic_already_exists):
+                raise LogError(f"cannot create the data quality history topic {self.topic}: {result.error_code.name}")
+
+    async def append_many(self, items: Sequence[tuple[bytes, bytes]]) -> int:
+        """Writes records (key, value) in one batch (acks=all); returns the first offset."""
+        now = _now_ms()
+        batch = encode_batch(
+            [Record(offset_delta=i, key=k, value=v) for i, (k, v) in enumerate(items)], base_timestamp=now
+        )
+
+        def make(connection: Any) -> Any:
+            cls = connection.request_class(0)
+            topic_cls = nested(cls, "topic_data")
+            partition_cls = nested(topic_cls, "partition_data")
+            data = _build(topic_cls, name=self.topic, partition_data=(_build(partition_cls, index=0, records=batch),))
+            return _build(cls, acks=-1, timeout=_ms(self.timeout), topic_data=(data,))
+
+        reply = await self._call(make)
+        for topic in reply.responses:
+            for partition in topic.partition_responses:
+                if partition.error_code != ErrorCode.none:
+                    await self.reset()
+                    raise LogError(f"cannot write to {self.topic}: {partition.error_code.name}")
+                return int(partition.base_offset)
+        raise LogError(f"the broker did not answer for {self.topic}")
+
+
+def _build(cls: Any, **values: Any) -> Any:
+    return build(cls, **{k: v for k, v in values.items() if has_field(cls, k)})
+
+
+def _ms(seconds: float) -> datetime.timedelta:
+    return datetime.timedelta(milliseconds=int(seconds * 1000))
+
+
+# -- memory -------------------------------------------------------------------------------------
+
+
+@dataclass
+class _PolicyHistory:
+    entries: collections.deque[dict[str, Any]]
+    minutes: dict[int, list[int]] = field(default_factory=dict)  # epoch minute -> [evaluated, violations]
+
+
+Listener = Callable[[str, int, int, str], None]  # (policy, time ms, violation count, origin node)
+
+
+class History:
+    """Violation entries and per-minute counts of every policy, as this node knows them."""
+
+    def __init__(self, node: str, max_entries: int = 10_000, clock: Callable[[], int] = _now_ms) -> None:
+        self.node = node
+        self.max_entries = max_entries
+        self.clock = clock
+        self._policies: dict[str, _PolicyHistory] = {}
+        self.listeners: list[Listener] = []  # told about violations in log order (alerts)
+        self.position = 0
+        self.loaded = trio.Event()
+
+    def _policy(self, name: str) -> _PolicyHistory:
+        item = self._policies.get(name)
+        if item is None:
+            item = self._policies[name] = _PolicyHistory(collections.deque(maxlen=self.max_entries))
+        return item
+
+    def add_entry(self, entry: dict[str, Any]) -> None:
+        self._policy(entry["policy"]).entries.append(entry)
+
+    def add_counts(self, minute: int, counts: Mapping[str, Sequence[int]]) -> None:
+        for policy, (evaluated, violations) in counts.items():
+            bucket = self._policy(policy).minutes.setdefault(minute, [0, 0])
+            bucket[0] += int(evaluated)
+            bucket[1] += int(violations)
+
+    def ingest(self, records: Iterable[LogRecord]) -> None:
+        """Records read back from the topic (every node's, this one's included)."""
+        for record in records:
+            if record.value is None:
+                continue
+            try:
+                item = orjson.loads(record.value)
+                kind = item["type"]
+            except (orjson.JSONDecodeError, KeyError, TypeError):
+                continue
+            if kind == "violation":
+                if item.get("node") != self.node:  # ours were added when reported
+                    self.add_entry(item)
+                self._notify(item.get("policy", ""), int(item.get("time", record.timestamp)), 1, item.get("node", ""))
+            elif kind == "suppressed":
+                self._notify(
+                    item.get("policy", ""),
+                    int(item.get("time", record.timestamp)),
+                    int(item.get("count", 0)),
+                    item.get("node", ""),
+                )
+            elif kind == "counts":
+                try:
+                    self.add_counts(int(item["minute"]), item["counts"])
+                except (KeyError, TypeError, ValueError):
+                    continue
+
+    def _notify(self, policy: str, at: int, count: int, node: str) -> None:
+        for listener in self.listeners:
+            listener(policy, at, count, node)
+
+    def prune(self) -> None:
+        """Forgets what is older than seven days."""
+        horizon = self.clock() - _MAX_AGE_MS
+        for item in self._policies.values():
+            while item.entries and item.entries[0].get("time", 0) < horizon:
+                item.entries.popleft()
+            old = [m for m in item.minutes if m * 60_000 < horizon]
+            for m in old:
+                del item.minutes[m]
+
+    # -- queries
+
+    def violations(self, policy: str, seconds: int, limit: int = 100) -> list[dict[str, Any]]:
+        """History entries of the last ``seconds``, newest first."""
+        item = self._policies.get(policy)
+        if item is None:
+            return []
+        since = self.clock() - seconds * 1000
+        out = []
+        for entry in reversed(item.entries):
+            if entry.get("time", 0) < since:
+                break
+            out.append(entry)
+            if len(out) >= limit:
+                break
+        return out
+
+    def counts(self, policy: str, seconds: int, bucket: int) -> dict[str, Any]:
+        """Evaluated and violation counts of the last ``seconds``, and the violations graph."""
+        item = self._policies.get(policy)
+        now = self.clock()
+        since_minute = (now - seconds * 1000) // 60_000
+        evaluated = violations = 0
+        bucket_minutes = max(1, bucket // 60)
+        graph: dict[int, list[int]] = {}
+        if item is not None:
+            for minute, (e, v) in item.minutes.items():
+                if minute < since_minute:
+                    continue
+                evaluated += e
+                violations += v
+                start = minute - minute % bucket_minutes
+                slot = graph.setdefault(start, [0, 0])
+                slot[0] += e
+                slot[1] += v
+        first = since_minute - since_minute % bucket_minutes
+        last = now // 60_000
+        series = []
+        for start in range(first, last + 1, bucket_minutes):
+            e, v = graph.get(start, (0, 0))
+            series.append({"time": _iso(start * 60_000), "evaluated": e, "violations": v})
+        return {"evaluated": evaluated, "violations": violations, "graph": series}
+
+    def policies(self) -> list[str]:
+        return sorted(self._policies)
+
+
+def _iso(ms: int) -> str:
+    return (
+        datetime.datetime.fromtimestamp(ms / 1000, datetime.UTC)
+        .isoformat(timespec="milliseconds")
+        .replace("+00:00", "Z")
+    )
+
+
+# -- reporting ----------------------------------------------------------------------------------
+
+
+class Reporter:
+    """What a node reports: violation entries (rate limited per policy), suppressed counts and
+    per-minute counts, queued for the publisher (or ingested at once when there is no topic)."""
+
+    def __init__(self, history: History, max_per_second: int = 100, clock: Callable[[], int] = _now_ms) -> None:
+        self.history = history
+        self.node = history.node
+        self.max_per_second = max_per_second
+        self.clock = clock
+        self.queue: list[tuple[bytes, bytes]] = []
+        self.pending: dict[int, dict[str, list[int]]] = {}  # minute -> policy -> [evaluated, violations]
+        self.suppressed: dict[str, int] = {}
+        self._second = 0
+        self._sent: dict[str, int] = {}
+        self._seq = 0
+        self.wakeup = trio.Event()
+        self.dropped_hook: Callable[[str, int], None] | None = None
+        self.connected = False  # True once a publisher serves the queue
+
+    def count(self, policy: str, evaluated: int, violations: int, now_ms: int | None = None) -> None:
+        minute = (now_ms if now_ms is not None else self.clock()) // 60_000
+        bucket = self.pending.setdefault(minute, {}).setdefault(policy, [0, 0])
+        bucket[0] += evaluated
+        bucket[1] += violations
+
+    def report(self, entry: dict[str, Any]) -> bool:
+        """Queues a history entry unless the policy's rate is exceeded; returns whether it was kept."""
+        policy = entry["policy"]
+        now = entry["time"]
+        second = now // 1000
+        if second != self._second:
+            self._second = second
+            self._sent.clear()
+        sent = self._sent.get(policy, 0)
+        if sent >= self.max_per_second:
+            self.suppressed[policy] = self.suppressed.get(policy, 0) + 1
+            if self.dropped_hook is not None:
+                self.dropped_hook(policy, 1)
+            self.wakeup.set()
+            return False
+        self._sent[policy] = sent + 1
+        self._seq += 1
+        entry["id"] = f"{self.node}-{self._seq}"
+        entry["node"] = self.node
+        self.history.add_entry(entry)
+        self.queue.append((policy.encode(), orjson.dumps({"type": "violation", **entry})))
+        self.wakeup.set()
+        return True
+
+    def drain(self, counts: bool) -> list[tuple[bytes, bytes]]:
+        """Everything to publish now: queued entries, suppressed counts, and (when ``counts``) the counts."""
+        items, self.queue = self.queue, []
+        now = self.clock()
+        for policy, count in self.suppressed.items():
+            body = {"type": "suppressed", "node": self.node, "time": now, "policy": policy, "count": count}
+            items.append((policy.encode(), orjson.dumps(body)))
+        self.suppressed = {}
+        if counts and self.pending:
+            pending, self.pending = self.pending, {}
+            for minute, by_policy in sorted(pending.items()):
+                body = {"type": "counts", "node": self.node, "time": now, "minute": minute, "counts": by_policy}
+                items.append((b"", orjson.dumps(body)))
+        return items
+
+    def flush_local(self) -> None:
+        """Without a topic: what would be published is ingested directly (a gateway without the
+        admin API, such as an embedded test gateway)."""
+        items = self.drain(True)
+        self.history.ingest([LogRecord(0, k, v, self.clock()) for k, v in items])
+
+
+def new_node_id() -> str:
+    return uuid.uuid4().hex[:12]
+
+
+async def publish(reporter: Reporter, log_: HistoryLog, flush_interval: float) -> None:
+    """Publishes the reporter's queue as it fills (at most ~every 50 ms), and counts every interval."""
+    reporter.connected = True
+    next_counts = trio.current_time() + flush_interval
+    backlog: list[tuple[bytes, bytes]] = []
+    delay = 0.2
+    while True:
+        with trio.move_on_at(min(next_counts, trio.current_time() + 1.0)):
+            await reporter.wakeup.wait()
+        reporter.wakeup = trio.Event()
+        due = trio.current_time() >= next_counts
+        if due:
+            next_counts = trio.current_time() + flush_interval
+        backlog.extend(reporter.drain(due))
+        if not backlog:
+            continue
+        try:
+            for start in range(0, len(backlog), 500):
+                await log_.append_many(backlog[start : start + 500])
+            backlog = []
+            delay = 0.2
+        except LogError as exc:
+            log.warning("data quality history: %s (retrying)", exc)
+            if len(backlog) > 100_000:
+                del backlog[: len(backlog) - 100_000]
+            await trio.sleep(delay)
+            delay = min(delay * 2, 5.0)
+        await trio.sleep(0.05)
+
+
+async def follow(
+    history: History, log_: HistoryLog, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+) -> None:
+    """Reads the topic from its start, then follows it."""
+    delay = 0.2
+    while True:
+        try:
+            await log_.ensure_topic()
+            end = await log_.end_offset()
+            break
+        except LogError as exc:
+            log.warning("data quality history topic: %s (retrying)", exc)
+            await trio.sleep(delay)
+            delay = min(delay * 2, 5.0)
+    started = False
+    delay = 0.2
+    last_prune = time.monotonic()
+    while True:
+        if not started and history.position >= end:
+            started = True
+            history.loaded.set()
+            task_status.started()
+        try:
+            records, next_offset = await log_.read(history.position, 0.5)
+        except LogError as exc:
+            log.warning("data quality history topic: %s (retrying)", exc)
+            await trio.sleep(delay)
+            delay = min(delay * 2, 5.0)
+            continue
+        delay = 0.2
+        history.ingest(records)
+        history.position = max(history.position, next_offset)
+        if time.monotonic() - last_prune > 60:
+            history.prune()
+            last_prune = time.monotonic()

@@ -1,0 +1,268 @@
+"""The ``data-quality`` interceptor: evaluates the policies of a topic on each produced partition batch.
+
+Installed by the plugin itself (pipeline source ``data-quality``) while some DataQualityPolicy targets
+this gateway; its config is then ``{runtime: <id>}`` and it reads the policies the admin API stores.
+It may also be configured by hand (gateway config file), with the manifests inline, for a gateway
+without the admin API::
+
+    interceptors:
+      - name: orders-quality
+        plugin: data-quality
+        config:
+          clusterId: gateway            # optional; targets must name this cluster (default: gateway)
+          rules: [ {apiVersion: v1, kind: DataQualityRule, metadata: {name: ...}, spec: {...}} ]
+          policies: [ {apiVersion: v1, kind: DataQualityPolicy, metadata: {name: ..., group: ...}, spec: {...}} ]
+
+Per partition batch: return at once for a topic no policy targets (its bytes are forwarded untouched);
+otherwise decode the records, look up schema ids the cache lacks (async, only then), run the plan,
+then count, report, mark (changed batches only) or block with ``INVALID_RECORD``.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Awaitable, Mapping
+from typing import Any, ClassVar
+
+from kanal.admin.resources import ResourceError
+from kanal.pipeline.context import RecordsContext
+from kanal.pipeline.hookspecs import hookimpl
+from kanal.pipeline.interceptor import Interceptor, InterceptorConfigError
+from kanal.pipeline.results import PartitionError, RecordsResult
+from kanal.protocol.records import Record, RecordBatch
+from kanal_dataquality.actions import INVALID_RECORD
+from kanal_dataquality.cel import PASSED, Outcome
+from kanal_dataquality.evaluate import BatchResult, Violation, evaluate, needed, schema_refs
+from kanal_dataquality.policies import Engine, Plan, compile_policy
+from kanal_dataquality.resources import POLICY, RULE, Checks, canonical_policy, canonical_rule, resource_kinds
+from kanal_dataquality.runtime import Runtime, compile_manifests, find_runtime
+from kanal_dataquality.scan import compile_scanner, records_area
+from kanal_dataquality.settings import Settings
+
+__all__ = ["PLUGIN_NAME", "DataQualityInterceptor"]
+
+PLUGIN_NAME = "data-quality"
+
+
+class _Inline:
+    """Rules and policies given in the interceptor's own config."""
+
+    def __init__(self, config: Mapping[str, Any]) -> None:
+        cluster = config.get("clusterId", "gateway")
+        if not isinstance(cluster, str) or not cluster:
+            raise InterceptorConfigError(f"clusterId: expected a cluster name, got {cluster!r}")
+        self.cluster = cluster
+        kinds = {k.kind: k for k in resource_kinds(lambda: Checks(cluster), lambda *a: None)}
+        rules = config.get("rules") or []
+        policies = config.get("policies") or []
+        if not isinstance(rules, list):
+            raise InterceptorConfigError("rules: expected a list of DataQualityRule manifests")
+        if not isinstance(policies, list) or not policies:
+            raise InterceptorConfigError("policies: expected a non-empty list of DataQualityPolicy manifests")
+        self.rules: list[dict[str, Any]] = []
+        for i, manifest in enumerate(rules):
+            self.rules.append(_checked(f"rules[{i}]", lambda m=manifest: canonical_rule(m, kinds[RULE])))
+        self.policies: list[dict[str, Any]] = []
+        for i, manifest in enumerate(policies):
+            self.policies.append(
+                _checked(
+                    f"policies[{i}]",
+                    lambda m=manifest: canonical_policy(
+                        m, kinds[POLICY], self, Checks(cluster, registry_configured=True)
+                    ),
+                )
+            )
+
+    def resources(self, kind: str) -> list[dict[str, Any]]:
+        return self.rules if kind == RULE else self.policies if kind == POLICY else []
+
+
+def _checked(where: str, make: Any) -> dict[str, Any]:
+    try:
+        manifest: dict[str, Any] = make()
+        return manifest
+    except ResourceError as exc:
+        raise InterceptorConfigError(f"{where}: {exc.msg}") from None
+
+
+class DataQualityInterceptor(Interceptor):
+    """Data quality policies (CEL, JSON schema, EnforceAvro rules) on produced records: block, mark, report."""
+
+    plugin_name: ClassVar[str] = PLUGIN_NAME
+    description: ClassVar[str] = (
+        "Data quality rules and policies on produced records: block, mark and report violations."
+    )
+    config_schema: ClassVar[Mapping[str, Any] | None] = {
+        "type": "object",
+        "additionalProperties": False,
+        "properties": {
+            "runtime": {"type": "string", "description": "set by the plugin when it installs the interceptor"},
+            "clusterId": {"type": "string", "description": "the cluster name policies target (default: gateway)"},
+            "rules": {"type": "array", "items": {"type": "object"}, "description": "DataQualityRule manifests"},
+            "policies": {"type": "array", "items": {"type": "object"}, "description": "DataQualityPolicy manifests"},
+        },
+    }
+
+    def __init__(self, config: Mapping[str, Any]) -> None:
+        super().__init__(config)
+        unknown = sorted(set(config) - {"runtime", "clusterId", "rules", "policies"})
+        if unknown:
+            raise InterceptorConfigError(f"{unknown[0]}: unknown key (expected runtime, or clusterId, rules, policies)")
+        runtime_id = config.get("runtime")
+        if runtime_id is not None and not isinstance(runtime_id, str):
+            raise InterceptorConfigError("runtime: expected a string")
+        self._runtime_id = runtime_id
+        self._runtime: Runtime | None = None
+        self._inline: _Inline | None = None
+        self._engine: Engine | None = None
+        if runtime_id is None:
+            self._inline = _Inline(config)
+        elif "rules" in config or "policies" in config:
+            raise InterceptorConfigError("rules, policies: not with runtime (the admin API's resources are used)")
+
+    # -- wiring
+
+    def _resolve(self) -> Runtime:
+        runtime = find_runtime(self._runtime_id)
+        if runtime is None:
+            if self._runtime_id is not None:
+                raise RuntimeError(f"data quality runtime {self._runtime_id} is gone")
+            runtime = Runtime(Settings(), self._inline.cluster if self._inline else "gateway", register=False)
+        self._runtime = runtime
+        if self._inline is not None:
+            runtime.use_inline()
+            rules = compile_manifests(self._inline.rules)[0]
+            policies = [compile_policy(m, rules, frozenset()) for m in self._inline.policies]
+            self._engine = Engine(rules, policies, self._inline.cluster)
+        return runtime
+
+    # -- the hook
+
+    @hookimpl
+    def kanal_produce_records(self, ctx: RecordsContext) -> RecordsResult | Awaitable[RecordsResult]:
+        runtime = self._runtime or self._resolve()
+        engine = self._engine if self._engine is not None else runtime.engine
+        plan = engine.plan(ctx.topic)
+        if plan is None:
+            return None
+        batches = [b for b in ctx.records.batches if not b.is_control and b.records_count]
+        if not batches:
+            return None
+        registry = runtime.registry
+        if not plan.enforce_avro and (registry is None or not (plan.uses_value or plan.uses_key)):
+            return self._finish(ctx, runtime, plan, scan_batches(plan, batches))
+        # schema ids: decoded records, registry lookups first (async, only for ids the cache lacks)
+        records = [r for b in batches for r in b.records()]
+        refs = schema_refs(plan, records, registry is not None and plan.uses_key)
+        if registry is not None:
+            missing = registry.missing(needed(refs))
+            if missing:
+                return self._after_lookup(ctx, runtime, plan, batches, records, refs, missing)
+        return self._finish(ctx, runtime, plan, _attach(batches, evaluate(plan, records, registry, refs)))
+
+    async def _after_lookup(
+        self,
+        ctx: RecordsContext,
+        runtime: Runtime,
+        plan: Plan,
+        batches: list[RecordBatch],
+        records: list[Record],
+        refs: list[tuple[Any, Any]],
+        missing: set[Any],
+    ) -> RecordsResult:
+        registry = runtime.registry
+        assert registry is not None
+        await registry.resolve(missing)
+        for ref in missing:
+            info = registry.cached(ref)
+            result = "unreachable" if info is None or info.unreachable else "unknown" if info.error else "found"
+            runtime.metrics.schema_lookups.labels(result).inc()
+        return self._finish(ctx, runtime, plan, _attach(batches, evaluate(plan, records, registry, refs)))
+
+    def _finish(self, ctx: RecordsContext, runtime: Runtime, plan: Plan, result: BatchResult) -> RecordsResult:
+        message = runtime.record(plan, result, ctx.topic, ctx.partition, ctx.client_id or ctx.connection.client_id)
+        if message is not None:
+            return PartitionError(INVALID_RECORD, message)
+        return None
+
+
+def _attach(batches: list[RecordBatch], result: BatchResult) -> BatchResult:
+    """Sets the batch of each violation (from its index among the partition's records)."""
+    if len(batches) == 1:
+        for v in (*result.violations, *((result.blocked,) if result.blocked else ())):
+            v.batch = batches[0]
+        return result
+    ends = []
+    total = 0
+    for batch in batches:
+        total += len(batch.records())
+        ends.append(total)
+    for v in (*result.violations, *((result.blocked,) if result.blocked else ())):
+        v.batch = batches[bisect.bisect_right(ends, v.index)]
+    return result
+
+
+def scan_batches(plan: Plan, batches: list[RecordBatch]) -> BatchResult:
+    """Runs a plan over the batches of one partition with the generated scanner (no schema ids)."""
+    scan = plan.scanner
+    if scan is None:
+        scan = plan.scanner = compile_scanner(plan)
+    policy_rules = plan.policy_rules
+    blockers = plan.blockers
+    any_mark = plan.any_mark
+    violations: list[Violation] = []
+    base = 0
+    for batch in batches:
+        blocked: list[Violation] = []
+        kept = len(violations)
+
+        def failed(
+            index: int,
+            outcomes: tuple[Outcome, ...],
+            batch: RecordBatch = batch,
+            base: int = base,
+            blocked: list[Violation] = blocked,
+        ) -> bool:
+            bad = {i for i, o in enumerate(outcomes) if o is not PASSED and not o[0]}
+            for p in blockers:
+                broken = tuple(i for i in policy_rules[p] if i in bad)
+                if broken:
+                    outs = tuple(outcomes[i] for i in broken)
+                    blocked.append(Violation(p, None, broken, outs, base + index, batch))
+                    return True
+            record = batch.records()[index] if any_mark else None
+            for p, indexes in enumerate(policy_rules):
+                broken = tuple(i for i in indexes if i in bad)
+                if broken:
+                    violations.append(
+                        Violation(p, record, broken, tuple(outcomes[i] for i in broken), base + index, batch)
+                    )
+            return False
+
+        if batch.changed():  # an earlier interceptor edited it: evaluate the records it will send
+            result = evaluate(plan, batch.records())
+            for v in (*result.violations, *((result.blocked,) if result.blocked else ())):
+                v.index += base
+                v.batch = batch
+            if result.blocked is not None:
+                return BatchResult(0, result.blocked, [])
+            violations.extend(result.violations)
+        else:
+            try:
+                data, start = records_area(batch)
+                stopped = scan(data, start, batch.records_count, failed)
+            except (IndexError, ValueError):  # not what the header says: the codec decides (and may refuse it)
+                del violations[kept:]
+                blocked.clear()
+                result = evaluate(plan, batch.records())
+                stopped = result.blocked is not None
+                for v in (*result.violations, *((result.blocked,) if result.blocked else ())):
+                    v.index += base
+                    v.batch = batch
+                if result.blocked is not None:
+                    blocked.append(result.blocked)
+                violations.extend(result.violations)
+            if stopped:
+                return BatchResult(0, blocked[0], [])
+        base += batch.records_count
+    return BatchResult(base, None, violations)

@@ -1,0 +1,83 @@
+"""The plugin's background tasks beside the gateway (``kanal_gateway_services``).
+
+* the history publisher: writes violation reports as they come (batched) and counts every flush
+  interval to the history topic;
+* the history follower: reads the topic from its start and follows it (history, counts, alerts);
+* alert delivery: webhook POSTs of the alerts this node fired, and the end of firing windows;
+* the observer: consumes the target topics of policies on clusters without a gateway.
+
+They start with the first DataQualityPolicy this node applies (from the admin API or the state topic
+at startup); before that the plugin does not touch the cluster.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import TYPE_CHECKING
+
+import trio
+
+from kanal_dataquality.alerts import Firing, deliver
+from kanal_dataquality.history import HistoryLog, follow, publish
+from kanal_dataquality.resources import POLICY
+from kanal_dataquality.runtime import Runtime
+
+if TYPE_CHECKING:
+    from kanal.gateway import Gateway
+
+__all__ = ["history_topic", "run_services"]
+
+log = logging.getLogger(__name__)
+
+
+def history_topic(runtime: Runtime) -> str:
+    return runtime.settings.history_topic or f"_kanal_{runtime.gateway_cluster}_data_quality_violations"
+
+
+async def _alerts(runtime: Runtime, firings: trio.MemoryReceiveChannel[Firing]) -> None:
+    async def ticker() -> None:
+        while True:
+            runtime.alerts.tick(int(time.time() * 1000))
+            await trio.sleep(1.0)
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(ticker)
+        async for firing in firings:
+            nursery.start_soon(deliver, firing, runtime.settings.webhook_timeout)
+
+
+async def run_services(
+    runtime: Runtime,
+    gateway: Gateway,
+    firings: trio.MemoryReceiveChannel[Firing],
+    *,
+    task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    task_status.started()
+    # Nothing touches the cluster until the first policy exists: a gateway that does not use data
+    # quality gets no history topic and no follower.
+    while not (runtime.manifests[POLICY] or runtime.inline_policies):
+        await runtime.engine_changed.wait()
+    settings = gateway.settings
+    topic = history_topic(runtime)
+    timeout = settings.upstream_connect_timeout_ms / 1000
+    reader = HistoryLog(
+        topic, settings.upstream, timeout, settings.state_replication_factor, runtime.settings.history_retention
+    )
+    writer = HistoryLog(
+        topic, settings.upstream, timeout, settings.state_replication_factor, runtime.settings.history_retention
+    )
+    try:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(follow, runtime.history, reader)
+            nursery.start_soon(publish, runtime.reporter, writer, runtime.settings.flush_interval)
+            nursery.start_soon(_alerts, runtime, firings)
+            if runtime.settings.clusters and runtime.settings.observer:
+                from kanal_dataquality.observe import observe
+
+                nursery.start_soon(observe, runtime)
+    finally:
+        with trio.CancelScope(shield=True):
+            await reader.aclose()
+            await writer.aclose()

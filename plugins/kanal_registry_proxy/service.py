@@ -1,0 +1,169 @@
+"""Assembling a proxy from its settings (every startup check happens here) and serving it.
+
+:class:`ProxyService` refuses to be built, with a :class:`~kanal.config.errors.ConfigError` naming the
+variable at fault, for a missing, invalid or expired license, an invalid credentials file, or an
+unusable JWT setup. :meth:`ProxyService.serve` runs the background tasks (credential reloads, JWKS
+refresh, reactive permissions and heartbeats) and the HTTP listener (:mod:`kanal_registry_proxy.httpserver`).
+"""
+
+from __future__ import annotations
+
+import logging
+import ssl
+from collections.abc import Awaitable, Callable
+from typing import Any, cast
+
+import trio
+from prometheus_client import CollectorRegistry
+
+from kanal.config.errors import ConfigError
+from kanal.net.upstream import ControlClient
+from kanal.protocol.framing import DEFAULT_MAX_FRAME_SIZE
+from kanal_registry_proxy.acl import AclLookup
+from kanal_registry_proxy.app import create_app
+from kanal_registry_proxy.auth_basic import BasicAuthenticator, CredentialsError
+from kanal_registry_proxy.auth_jwt import JwtAuthenticator
+from kanal_registry_proxy.authorization import Authorization, Mode, ReactiveMode, ReadOnlyMode, TopicAclMode
+from kanal_registry_proxy.httpserver import HttpServer
+from kanal_registry_proxy.license import License, LicenseError, check_license
+from kanal_registry_proxy.metrics import ProxyMetrics
+from kanal_registry_proxy.proxy import RegistryProxy
+from kanal_registry_proxy.reactive import PermissionStore, ReactiveSync
+from kanal_registry_proxy.settings import ProxySettings
+from kanal_registry_proxy.upstream import HttpClient
+
+log = logging.getLogger(__name__)
+
+
+class ProxyService:
+    """One proxy: built (and checked) from settings, then served."""
+
+    def __init__(
+        self,
+        settings: ProxySettings,
+        *,
+        registry: CollectorRegistry | None = None,
+        access_writer: Callable[[str, dict[str, Any]], None] | None = None,
+    ) -> None:
+        self.settings = settings
+        for warning in settings.warnings:
+            log.warning("%s", warning)
+        self.metrics = ProxyMetrics(registry)
+        try:
+            self.license: License = check_license(settings.license_token, settings.license_public_key)
+        except LicenseError as exc:
+            raise ConfigError("VENDOR_LICENSE", str(exc)) from None
+        self.metrics.license_expiry(self.license.expires_at)
+        self.authenticator: BasicAuthenticator | JwtAuthenticator
+        if settings.auth_provider == "basic":
+            basic = BasicAuthenticator(
+                settings.basic_auth_location,
+                settings.basic_auth_reload_interval,
+                settings.basic_auth_allow_plaintext,
+                self.metrics,
+            )
+            try:
+                basic.load()
+            except CredentialsError as exc:
+                raise ConfigError("BASIC_AUTH_LOCATION", str(exc)) from None
+            self.authenticator = basic
+        else:
+            assert settings.jwt is not None
+            self.authenticator = JwtAuthenticator(settings.jwt, self.metrics)
+        self.mode = self._mode()
+        self.authorization = Authorization(self.mode, settings.super_users, self.metrics)
+        self.client = HttpClient.for_registry(settings.upstream)
+        self.proxy = RegistryProxy(
+            self.client,
+            self.authenticator,
+            self.authorization,
+            self.metrics,
+            subject_cache_ttl=settings.guid_subject_cache_ttl,
+            access_log_enabled=settings.access_log,
+            access_writer=access_writer,
+        )
+        self.ready = False
+        self.app = create_app(self.proxy, self.metrics, lambda: self.ready)
+        self.binds: list[str] = []
+
+    def _mode(self) -> Mode:
+        settings = self.settings
+        if settings.authorization_mode == "read-only":
+            return ReadOnlyMode()
+        assert settings.kafka is not None
+        if settings.authorization_mode == "topic-acl":
+            control = ControlClient(settings.kafka, settings.topic_acl_lookup_timeout, DEFAULT_MAX_FRAME_SIZE)
+            lookup = AclLookup(control, settings.topic_acl_cache_ttl, settings.topic_acl_lookup_timeout, self.metrics)
+            return TopicAclMode(lookup)
+        store = PermissionStore()
+        sync = ReactiveSync(
+            store,
+            settings.kafka,
+            commands_topic=settings.commands_topic,
+            events_topic=settings.events_topic,
+            app_id=settings.app_id,
+            instance_id=settings.instance_id,
+            heartbeat_interval=settings.heartbeat_interval,
+            auth_provider=settings.auth_provider,
+            metrics=self.metrics,
+        )
+        return ReactiveMode(store, sync)
+
+    def describe(self) -> str:
+        s = self.settings
+        return (
+            f"upstream {s.upstream.url}, AUTH_PROVIDER={s.auth_provider}, AUTHORIZATION_MODE={s.authorization_mode}, "
+            f"{self.license.describe()}"
+        )
+
+    async def serve(
+        self,
+        *,
+        task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
+        shutdown_trigger: Callable[[], Awaitable[None]] | None = None,
+    ) -> None:
+        """Runs until cancelled, or until ``shutdown_trigger`` returns and the requests in flight
+        are answered (at most 5 s); reports the bound addresses."""
+        settings = self.settings
+        server = HttpServer(self.proxy, cast(Any, self.app), self._tls())
+        try:
+            async with trio.open_nursery() as nursery:
+                await nursery.start(self.authenticator.run)
+                await nursery.start(self.mode.run)
+                self.ready = True
+                try:
+                    self.binds = await nursery.start(server.serve, settings.bind_host, settings.http_port)
+                except OSError as exc:
+                    raise OSError(
+                        exc.errno,
+                        f"cannot serve the registry proxy on {settings.bind_host}:{settings.http_port}: "
+                        f"{exc.strerror} (set SRP_HTTP_PORT / SRP_BIND_HOST)",
+                    ) from exc
+                log.info("schema registry proxy on %s: %s", ", ".join(self.binds), self.describe())
+                task_status.started(self.binds)
+                if shutdown_trigger is not None:
+                    await shutdown_trigger()
+                    self.ready = False
+                    server.drain()
+                    with trio.move_on_after(5):
+                        while server.connections:
+                            await trio.sleep(0.02)
+                    nursery.cancel_scope.cancel()
+        finally:
+            self.ready = False
+            with trio.CancelScope(shield=True):
+                await self.client.aclose()
+
+    def _tls(self) -> ssl.SSLContext | None:
+        settings = self.settings
+        if settings.tls_certificate_location is None:
+            return None
+        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        context.load_cert_chain(settings.tls_certificate_location, settings.tls_key_location)
+        return context
+
+    @property
+    def url(self) -> str:
+        """The first bound address as a URL (after :meth:`serve` started)."""
+        bind = self.binds[0]
+        return bind if bind.startswith("http") else f"http://{bind}"
