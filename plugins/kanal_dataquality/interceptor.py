@@ -21,6 +21,7 @@ then count, report, mark (changed batches only) or block with ``INVALID_RECORD``
 from __future__ import annotations
 
 import bisect
+import logging
 from collections.abc import Awaitable, Mapping
 from typing import Any, ClassVar
 
@@ -42,6 +43,9 @@ from kanal_dataquality.settings import Settings
 __all__ = ["PLUGIN_NAME", "DataQualityInterceptor"]
 
 PLUGIN_NAME = "data-quality"
+
+
+audit_log = logging.getLogger("kanal.audit")  # policy decisions, beside the admin API's events
 
 
 class _Inline:
@@ -182,6 +186,23 @@ class DataQualityInterceptor(Interceptor):
     def _finish(self, ctx: RecordsContext, runtime: Runtime, plan: Plan, result: BatchResult) -> RecordsResult:
         message = runtime.record(plan, result, ctx.topic, ctx.partition, ctx.client_id or ctx.connection.client_id)
         if message is not None:
+            audit_log.info(
+                "DATA_QUALITY BLOCKED topic=%s partition=%d client=%s: %s",
+                ctx.topic,
+                ctx.partition,
+                ctx.connection.client_address,
+                message,
+                extra={
+                    "event": "DATA_QUALITY",
+                    "action": "BLOCKED",
+                    "topic": ctx.topic,
+                    "partition": ctx.partition,
+                    "clientId": ctx.client_id,
+                    "clientAddress": ctx.connection.client_address,
+                    "listenerAddress": ctx.connection.listener_address,
+                    "reason": message,
+                },
+            )
             return PartitionError(INVALID_RECORD, message)
         return None
 

@@ -363,6 +363,8 @@ def test_block_message_names_policy_and_rules(stack: Stack) -> None:
         producer.close(timeout=TIMEOUT)
     text = str(raised.value)
     assert f"'{name}'" in text and f"{name}-eur" in text and "only euros" in text, text
+    # the decision is an audit event too, with the client's address as host:port
+    assert stack.gateway.wait_for_output(f"DATA_QUALITY BLOCKED topic={topic} partition=0 client=127.0.0.1:")
 
 
 def test_mark_adds_the_header(stack: Stack) -> None:
