@@ -58,6 +58,14 @@ class UppercaseOnFetch(Interceptor):
             batch.mark_changed()
 
 
+class FailFetch(Interceptor):
+    plugin_name = "test-fail-fetch"
+
+    @hookimpl
+    def kanal_fetch_records(self, ctx: RecordsContext) -> PartitionError | None:
+        return PartitionError(29, "not for you")  # TOPIC_AUTHORIZATION_FAILED
+
+
 class Lifecycle(Interceptor):
     plugin_name = "test-lifecycle"
     events: list[str] = []
@@ -84,7 +92,7 @@ class BrokenOnOpen(Interceptor):
 class TestPlugin:
     @hookimpl
     def kanal_interceptor_types(self) -> list[type[Interceptor]]:
-        return [CreateTopicsPolicy, BlockPartitionOne, UppercaseOnFetch, Lifecycle, BrokenOnOpen]
+        return [CreateTopicsPolicy, BlockPartitionOne, UppercaseOnFetch, Lifecycle, BrokenOnOpen, FailFetch]
 
 
 def _create(bootstrap: str, topic: str, partitions: int) -> None:
@@ -229,3 +237,24 @@ def test_lifecycle_metrics_time_each_interceptor_and_the_upstream(
     assert all(dict(k)["api_key"] for k in counts)
     with inprocess_gateway(tansu, {"test": TestPlugin()}, [spec]) as gw:
         assert _samples(gw, "gateway_request_lifecycle_seconds_count") == {}
+
+
+def test_fetch_partition_error_reaches_the_consumer(tansu: TansuBroker, unique_topic: Callable[..., str]) -> None:
+    topic = unique_topic()
+    _create(tansu.bootstrap, topic, 1)
+    producer = Producer({"bootstrap.servers": tansu.bootstrap})
+    producer.produce(topic, b"hidden")
+    assert producer.flush(15) == 0
+    spec = InterceptorSpec(name="deny", plugin="test-fail-fetch")
+    with inprocess_gateway(tansu, {"test": TestPlugin()}, [spec]) as gw:
+        consumer = Consumer({"bootstrap.servers": bootstrap_of(gw), "group.id": f"g-{topic}"})
+        consumer.assign([TopicPartition(topic, 0, 0)])
+        errors = []
+        deadline = time.monotonic() + 20
+        while not errors and time.monotonic() < deadline:
+            msg = consumer.poll(0.5)
+            if msg is not None:
+                assert msg.error() is not None, "the record must not be delivered"
+                errors.append(msg.error().code())
+        consumer.close()
+    assert errors == [KafkaError.TOPIC_AUTHORIZATION_FAILED]

@@ -14,6 +14,7 @@ from kanal.protocol.headers import response_correlation_id
 from kanal.protocol.messages import decode_response, encode_request
 
 READ_SIZE = 256 * 1024  # measured: 64 KiB reads cost about 25% of forwarding throughput
+RELAY_READ_SIZE = 1024 * 1024  # the rest of a large frame: fewer, larger reads (measured faster)
 _SMALL = 64 * 1024
 _LEN = struct.Struct(">i")
 
@@ -115,7 +116,7 @@ async def relay(
 
     await send_up_to(min(received, held_from))
     while received < total:
-        data = await source.receive_some(min(READ_SIZE, total - received))
+        data = await source.receive_some(min(RELAY_READ_SIZE, total - received))
         if not data:
             raise PeerClosed("connection closed by peer")
         received += len(data)

@@ -573,7 +573,8 @@ class ClientConnection:
                 )
                 outcome = await self._hooks(chain.fetch_records, rctx, "fetch_records", pending.api_key, chain)
                 if isinstance(outcome, PartitionError):
-                    part = replace(part, error_code=outcome.error_code, records=None)
+                    # empty, not null: librdkafka reads a null record set as a broken frame and refetches
+                    part = replace(part, error_code=ErrorCode(outcome.error_code), records=b"")
                     changed = True
                 elif records.changed():
                     part = replace(part, records=records.to_bytes())
