@@ -81,3 +81,4 @@ def idle_connections(opts: Options, name: str) -> Report:
 
 # Plugin scenarios kept in modules of their own register themselves on import.
 import kanalbench.dataquality_scenario  # noqa: E402, F401  (dataquality-throughput)
+from kanalbench import topicview_scenario  # noqa: E402, F401  (topicview-throughput)

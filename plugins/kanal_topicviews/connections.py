@@ -1,0 +1,382 @@
+"""Schema registry external connections, and the value decoders views read schema-encoded topics with.
+
+Declared once, at startup, with environment variables::
+
+    GATEWAY_EXTERNAL_CONNECTION_<NAME>_TYPE=SCHEMA_REGISTRY        # optional when CONFIG_URL is set
+    GATEWAY_EXTERNAL_CONNECTION_<NAME>_CONFIG_<PROPERTY>=<value>
+
+``<NAME>`` is how views refer to the connection (``spec.schemaRegistryConnectionName``), compared
+without case and with every character other than a letter or digit read as ``_``: the connection
+``MY_REGISTRY`` is ``my-registry`` or ``my_registry`` in a view. Properties (see :data:`PROPERTIES`):
+
+========================= ======================================================================
+``URL``                   the registry's base URL; several, comma-separated, are tried in order
+``BASIC_AUTH_USERNAME``   HTTP basic auth user (with ``BASIC_AUTH_PASSWORD``)
+``BASIC_AUTH_PASSWORD``   HTTP basic auth password
+``BASIC_AUTH_USER_INFO``  ``user:password`` in one variable (Confluent's form), instead of the two
+``SSL_CA_LOCATION``       PEM file of the CAs to trust for an ``https`` URL (default: the system's)
+``SSL_CERTIFICATE_LOCATION`` PEM client certificate, for registries that require mutual TLS
+``SSL_KEY_LOCATION``      PEM private key of the client certificate
+``SSL_KEY_PASSWORD``      password of that key
+``SSL_VERIFY_HOSTNAME``   ``false`` to accept a certificate issued for another host (default true)
+``TIMEOUT_MS``            per-request timeout (default 5000)
+========================= ======================================================================
+
+A connection declared ``TYPE=SCHEMA_REGISTRY`` with a missing URL or an unknown property stops the
+gateway at startup, naming the variable; without ``TYPE``, a connection with a ``URL`` and only the
+properties above is a schema registry connection. Other connections (KMS...) are left to the plugins
+that use them; a view naming one is refused with a message listing its properties.
+
+Records: Confluent framing (a zero byte, the 4-byte schema id, the payload). AVRO payloads are decoded
+with the writer schema fetched by id (``GET /schemas/ids/{id}``, references resolved) and cached for
+the gateway's life (a failed lookup is retried after 30 s); JSON schema payloads are JSON. The decoded
+value becomes JSON-like for the SQL: bytes and fixed as text (one character per byte), decimals as
+numbers, dates and times as ISO-8601 text, UUIDs as text. Anything else (no magic byte, unknown id,
+Protobuf) cannot be transformed: the view's onError applies.
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime
+import decimal
+import io
+import json
+import logging
+import re
+import ssl
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+import uuid
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Final
+
+import trio
+
+from kanal.config.errors import ConfigError
+
+__all__ = [
+    "PREFIX",
+    "PROPERTIES",
+    "ExternalConnectionError",
+    "MissingSchema",
+    "RegistryConnection",
+    "ValueDecoders",
+    "parse_connections",
+]
+
+log = logging.getLogger("kanal_topicviews")
+
+PREFIX: Final = "GATEWAY_EXTERNAL_CONNECTION_"
+PROPERTIES: Final = (
+    "URL",
+    "BASIC_AUTH_USERNAME",
+    "BASIC_AUTH_PASSWORD",
+    "BASIC_AUTH_USER_INFO",
+    "SSL_CA_LOCATION",
+    "SSL_CERTIFICATE_LOCATION",
+    "SSL_KEY_LOCATION",
+    "SSL_KEY_PASSWORD",
+    "SSL_VERIFY_HOSTNAME",
+    "TIMEOUT_MS",
+)
+SCHEMA_REGISTRY: Final = "SCHEMA_REGISTRY"
+
+
+class ExternalConnectionError(ValueError):
+    """A schema cannot be fetched, or a connection is unusable."""
+
+
+def normalize(name: str) -> str:
+    """The key of a connection name: upper case, any other character than a letter or digit as ``_``."""
+    return re.sub(r"[^A-Z0-9]", "_", name.upper())
+
+
+@dataclass(frozen=True)
+class RegistryConnection:
+    name: str
+    urls: tuple[str, ...]
+    username: str | None = None
+    password: str | None = None
+    ca_location: str | None = None
+    certificate_location: str | None = None
+    key_location: str | None = None
+    key_password: str | None = None
+    verify_hostname: bool = True
+    timeout_ms: int = 5000
+
+    def ssl_context(self) -> ssl.SSLContext | None:
+        if not any(u.startswith("https:") for u in self.urls):
+            return None
+        context = ssl.create_default_context(cafile=self.ca_location)
+        if not self.verify_hostname:
+            context.check_hostname = False
+        if self.certificate_location:
+            context.load_cert_chain(self.certificate_location, self.key_location, self.key_password)
+        return context
+
+
+def parse_connections(
+    env: Mapping[str, str], others: dict[str, list[str]] | None = None
+) -> dict[str, RegistryConnection]:
+    """The schema registry connections declared in ``env``, by normalized name; ConfigError (naming
+    the variable) for a schema registry connection that cannot work. Connections left to other
+    plugins (another TYPE, or no TYPE and properties a registry does not have) go to ``others``
+    (name -> their properties)."""
+    declared: dict[str, dict[str, tuple[str, str]]] = {}
+    types: dict[str, tuple[str, str]] = {}
+    for variable, value in env.items():
+        if not variable.startswith(PREFIX):
+            continue
+        rest = variable[len(PREFIX) :]
+        if "_CONFIG_" in rest:
+            name, prop = rest.split("_CONFIG_", 1)
+            declared.setdefault(name, {})[prop] = (value, variable)
+        elif rest.endswith("_TYPE"):
+            types[rest[: -len("_TYPE")]] = (value, variable)
+    out: dict[str, RegistryConnection] = {}
+    for name in sorted(set(declared) | set(types)):
+        props = declared.get(name, {})
+        kind = types.get(name)
+        if kind is not None and kind[0].strip().upper().replace("-", "_") != SCHEMA_REGISTRY:
+            if others is not None:
+                others[normalize(name)] = sorted(props)
+            continue
+        if kind is None and ("URL" not in props or set(props) - set(PROPERTIES)):
+            if others is not None:  # another plugin's connection (or a registry with a misspelt property)
+                others[normalize(name)] = sorted(props)
+            continue
+        for prop, (_, variable) in props.items():
+            if prop not in PROPERTIES:
+                raise ConfigError(
+                    variable, f"unknown schema registry connection property {prop} (known: {', '.join(PROPERTIES)})"
+                )
+        url = props.get("URL")
+        urls = tuple(u.strip().rstrip("/") for u in (url[0] if url else "").split(",") if u.strip())
+        if not urls:
+            raise ConfigError(f"{PREFIX}{name}_CONFIG_URL", "required: the schema registry's URL")
+        for u in urls:
+            if not u.startswith(("http://", "https://")):
+                raise ConfigError(f"{PREFIX}{name}_CONFIG_URL", f"expected http:// or https:// URLs, got {u!r}")
+        username = _get(props, "BASIC_AUTH_USERNAME")
+        password = _get(props, "BASIC_AUTH_PASSWORD")
+        info = _get(props, "BASIC_AUTH_USER_INFO")
+        if info is not None:
+            if ":" not in info:
+                raise ConfigError(f"{PREFIX}{name}_CONFIG_BASIC_AUTH_USER_INFO", "expected user:password")
+            username, password = info.split(":", 1)
+        if (username is None) != (password is None):
+            raise ConfigError(
+                f"{PREFIX}{name}_CONFIG_BASIC_AUTH_PASSWORD", "basic auth needs both a username and a password"
+            )
+        verify = (_get(props, "SSL_VERIFY_HOSTNAME") or "true").strip().lower()
+        if verify not in ("true", "false"):
+            raise ConfigError(f"{PREFIX}{name}_CONFIG_SSL_VERIFY_HOSTNAME", f"expected true or false, got {verify!r}")
+        timeout = _get(props, "TIMEOUT_MS") or "5000"
+        if not timeout.isdigit() or int(timeout) <= 0:
+            raise ConfigError(f"{PREFIX}{name}_CONFIG_TIMEOUT_MS", f"expected a positive integer, got {timeout!r}")
+        connection = RegistryConnection(
+            name=name,
+            urls=urls,
+            username=username,
+            password=password,
+            ca_location=_get(props, "SSL_CA_LOCATION"),
+            certificate_location=_get(props, "SSL_CERTIFICATE_LOCATION"),
+            key_location=_get(props, "SSL_KEY_LOCATION"),
+            key_password=_get(props, "SSL_KEY_PASSWORD"),
+            verify_hostname=verify == "true",
+            timeout_ms=int(timeout),
+        )
+        try:
+            connection.ssl_context()
+        except (OSError, ssl.SSLError) as exc:
+            raise ConfigError(f"{PREFIX}{name}_CONFIG_SSL_CA_LOCATION", f"unusable TLS settings: {exc}") from None
+        out[normalize(name)] = connection
+    return out
+
+
+def _get(props: Mapping[str, tuple[str, str]], key: str) -> str | None:
+    item = props.get(key)
+    return None if item is None or item[0] == "" else item[0]
+
+
+# -- schemas ------------------------------------------------------------------------------------------
+
+
+class MissingSchema(Exception):  # not a ValueError: it must get out of the record loop
+    """A value names a schema id not fetched yet; ``await load()`` then transform again."""
+
+    def __init__(self, registry: _Registry, schema_id: int) -> None:
+        super().__init__(f"schema {schema_id} of {registry.connection.name} not fetched yet")
+        self.registry = registry
+        self.schema_id = schema_id
+
+    async def load(self) -> None:
+        await self.registry.load(self.schema_id)
+
+
+Reader = Callable[[bytes], Any]
+
+
+#: Seconds a failed schema lookup is remembered before the next fetch tries again (an unknown id, a
+#: registry that is down: meanwhile the records of that schema follow the view's onError).
+RETRY_AFTER: Final = 30.0
+
+
+class _Registry:
+    """The schemas of one connection, by id (or why they are unusable, and until when)."""
+
+    def __init__(self, connection: RegistryConnection) -> None:
+        self.connection = connection
+        self.readers: dict[int, Reader | tuple[str, float]] = {}
+        self._context = connection.ssl_context()
+
+    def decode(self, value: bytes) -> Any:
+        if len(value) < 5 or value[0] != 0:
+            raise ValueError("the value is not in the schema registry's wire format (magic byte 0, schema id)")
+        schema_id = int.from_bytes(value[1:5], "big")
+        reader = self.readers.get(schema_id)
+        if reader is None:
+            raise MissingSchema(self, schema_id)
+        if isinstance(reader, tuple):
+            if time.monotonic() >= reader[1]:
+                del self.readers[schema_id]
+                raise MissingSchema(self, schema_id)
+            raise ValueError(reader[0])
+        return reader(value[5:])
+
+    async def load(self, schema_id: int) -> None:
+        if schema_id in self.readers:
+            return
+        try:
+            reader = await trio.to_thread.run_sync(self._fetch_reader, schema_id)
+        except ExternalConnectionError as exc:
+            log.warning("schema registry %s: %s (retried in %.0f s)", self.connection.name, exc, RETRY_AFTER)
+            self.readers[schema_id] = (str(exc), time.monotonic() + RETRY_AFTER)
+            return
+        self.readers[schema_id] = reader
+
+    # -- blocking, in a worker thread
+
+    def _get(self, path: str) -> Any:
+        last: Exception | None = None
+        for base in self.connection.urls:
+            request = urllib.request.Request(base + path, headers={"Accept": "application/vnd.schemaregistry.v1+json"})
+            if self.connection.username is not None:
+                token = f"{self.connection.username}:{self.connection.password}".encode()
+                request.add_header("Authorization", "Basic " + base64.b64encode(token).decode())
+            try:
+                with urllib.request.urlopen(  # http(s) URLs only, checked at startup
+                    request, timeout=self.connection.timeout_ms / 1000, context=self._context
+                ) as response:
+                    return json.loads(response.read())
+            except urllib.error.HTTPError as exc:
+                raise ExternalConnectionError(f"GET {path}: HTTP {exc.code} {exc.read()[:200]!r}") from None
+            except (OSError, ValueError) as exc:
+                last = exc
+        raise ExternalConnectionError(f"GET {path}: {last}")
+
+    def _fetch_reader(self, schema_id: int) -> Reader:
+        answer = self._get(f"/schemas/ids/{schema_id}")
+        kind = str(answer.get("schemaType") or "AVRO").upper()
+        if kind == "JSON":
+            import orjson
+
+            return orjson.loads
+        if kind != "AVRO":
+            raise ExternalConnectionError(f"schema {schema_id} is {kind}: views decode AVRO and JSON schemas")
+        return self._avro_reader(answer)
+
+    def _avro_reader(self, answer: Mapping[str, Any]) -> Reader:
+        import fastavro
+
+        named: dict[str, Any] = {}
+        self._references(answer.get("references") or [], named, set())
+        text = str(answer["schema"])
+        try:
+            schema = fastavro.parse_schema(json.loads(text), named_schemas=named)
+        except (ValueError, KeyError, TypeError, fastavro.schema.SchemaParseException) as exc:
+            raise ExternalConnectionError(f"unusable Avro schema: {exc}") from None
+        reader = fastavro.schemaless_reader
+        if not re.search(r'"(bytes|fixed)"|logicalType', text + json.dumps(list(named))):
+
+            def plain(payload: bytes) -> Any:
+                return reader(io.BytesIO(payload), schema, None)
+
+            return plain
+
+        def converted(payload: bytes) -> Any:
+            return _jsonable(reader(io.BytesIO(payload), schema, None))
+
+        return converted
+
+    def _references(self, references: Any, named: dict[str, Any], seen: set[tuple[str, int]]) -> None:
+        import fastavro
+
+        for ref in references:
+            key = (str(ref["subject"]), int(ref["version"]))
+            if key in seen:
+                continue
+            seen.add(key)
+            answer = self._get(f"/subjects/{urllib.parse.quote(key[0], safe='')}/versions/{key[1]}")
+            self._references(answer.get("references") or [], named, seen)
+            fastavro.parse_schema(json.loads(answer["schema"]), named_schemas=named)
+
+
+def _jsonable(value: Any) -> Any:
+    """A decoded Avro value as JSON-like values (what view SQL reads)."""
+    if isinstance(value, dict):
+        return {k: _jsonable(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, bytes):
+        return value.decode("latin-1")
+    if isinstance(value, decimal.Decimal):
+        return int(value) if value == value.to_integral_value() else float(value)
+    if isinstance(value, datetime.datetime | datetime.date | datetime.time):
+        return value.isoformat()
+    if isinstance(value, uuid.UUID):
+        return str(value)
+    return value
+
+
+class ValueDecoders:
+    """The schema registry connections of a gateway, each with its schema cache."""
+
+    def __init__(
+        self, connections: Mapping[str, RegistryConnection], others: Mapping[str, list[str]] | None = None
+    ) -> None:
+        self._registries = {key: _Registry(c) for key, c in connections.items()}
+        self._others = dict(others or {})
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str]) -> ValueDecoders:
+        others: dict[str, list[str]] = {}
+        return cls(parse_connections(env, others), others)
+
+    def why_not(self, name: str) -> str | None:
+        """Why a declared connection ``name`` is not a schema registry one (None if not declared)."""
+        props = self._others.get(normalize(name))
+        if props is None:
+            return None
+        return (
+            f"external connection {name!r} is not a schema registry connection (properties: "
+            f"{', '.join(props) or 'none'}; a registry has {', '.join(PROPERTIES)}; "
+            f"GATEWAY_EXTERNAL_CONNECTION_<NAME>_TYPE=SCHEMA_REGISTRY makes the gateway check them)"
+        )
+
+    def names(self) -> list[str]:
+        return sorted(r.connection.name for r in self._registries.values())
+
+    def has(self, name: str) -> bool:
+        return normalize(name) in self._registries
+
+    def decoder(self, name: str) -> Reader:
+        """The value decoder of connection ``name`` (may raise :class:`MissingSchema`)."""
+        registry = self._registries.get(normalize(name))
+        if registry is None:
+            raise ExternalConnectionError(f"no schema registry external connection {name!r}")
+        return registry.decode
