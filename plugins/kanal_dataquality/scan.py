@@ -32,7 +32,7 @@ from typing import Any
 
 import orjson
 
-from kanal.protocol.records import HEADER_SIZE, NONE, RecordBatch, decompress
+from kanal.protocol.records import HEADER_SIZE, NONE, RecordBatch, decompress, read_zigzag
 from kanal_dataquality.cel import PASSED, Outcome
 from kanal_dataquality.evaluate import NO_SCHEMA_ID, decode_key
 from kanal_dataquality.policies import Plan
@@ -55,17 +55,7 @@ def records_area(batch: RecordBatch) -> tuple[bytes, int]:
     return decompress(codec, memoryview(data)[HEADER_SIZE:]), 0
 
 
-def _zz(b: bytes, p: int) -> tuple[int, int]:
-    """A zigzag varint at ``b[p]``: (value, next position)."""
-    shift = 0
-    result = 0
-    while True:
-        x = b[p]
-        p += 1
-        result |= (x & 0x7F) << shift
-        if x < 0x80:
-            return (result >> 1) ^ -(result & 1), p
-        shift += 7
+_zz = read_zigzag
 
 
 def _headers(b: bytes, p: int) -> dict[str, str]:

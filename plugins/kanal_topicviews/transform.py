@@ -34,7 +34,16 @@ from typing import Any, Final
 import orjson
 from crc32c import crc32c
 
-from kanal.protocol.records import HEADER_SIZE, NONE, compress, decompress
+from kanal.protocol.records import (
+    HEADER_SIZE,
+    NONE,
+    ZIGZAG_TABLE,
+    ZIGZAG_TABLE_SIZE,
+    compress,
+    decompress,
+    read_zigzag,
+    zigzag_bytes,
+)
 
 from .sql import KEEP, CompiledView, RecordMeta, ViewContext, now_context
 
@@ -52,37 +61,10 @@ _CONTROL: Final = 0x20
 _LOG_APPEND_TIME: Final = 0x08
 
 
-def _varint(n: int) -> bytes:
-    z = (n << 1) ^ (n >> 63)
-    out = bytearray()
-    while z >= 0x80:
-        out.append((z & 0x7F) | 0x80)
-        z >>= 7
-    out.append(z)
-    return bytes(out)
-
-
-_ZZ_N: Final = 1 << 14
-_ZZ: Final[list[bytes]] = [_varint(n) for n in range(-1, _ZZ_N)]  # index n + 1
-
-
-def _zz(b: bytes, p: int) -> tuple[int, int]:
-    """The zigzag varint at ``b[p]``: (value, next position)."""
-    x = b[p]
-    if x < 0x80:
-        return (x >> 1) ^ -(x & 1), p + 1
-    r = x & 0x7F
-    s = 7
-    p += 1
-    while True:
-        x = b[p]
-        p += 1
-        r |= (x & 0x7F) << s
-        if x < 0x80:
-            return (r >> 1) ^ -(r & 1), p
-        s += 7
-        if s > 63:
-            raise ValueError("varint longer than 10 bytes")
+_varint = zigzag_bytes
+_ZZ_N: Final = ZIGZAG_TABLE_SIZE
+_ZZ: Final = ZIGZAG_TABLE
+_zz = read_zigzag
 
 
 def _headers(raw: bytes) -> list[tuple[str, bytes | None]]:

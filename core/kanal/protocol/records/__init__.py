@@ -9,7 +9,6 @@ from .batch import (
     CREATE_TIME,
     HEADER_SIZE,
     LOG_APPEND_TIME,
-    CorruptRecordError,
     Headers,
     Record,
     RecordBatch,
@@ -17,6 +16,8 @@ from .batch import (
     encode_batch,
 )
 from .compression import GZIP, LZ4, NONE, SNAPPY, ZSTD, UnsupportedCodecError, compress, decompress
+from .errors import CorruptRecordError
+from .varint import ZIGZAG_TABLE, ZIGZAG_TABLE_SIZE, read_zigzag, zigzag_bytes
 
 __all__ = [
     "CONTROL_ABORT",
@@ -28,6 +29,8 @@ __all__ = [
     "LZ4",
     "NONE",
     "SNAPPY",
+    "ZIGZAG_TABLE",
+    "ZIGZAG_TABLE_SIZE",
     "ZSTD",
     "CorruptRecordError",
     "Headers",
@@ -38,4 +41,6 @@ __all__ = [
     "compress",
     "decompress",
     "encode_batch",
+    "read_zigzag",
+    "zigzag_bytes",
 ]

@@ -28,6 +28,8 @@ import cramjam
 from crc32c import crc32c
 
 from .compression import CODEC_NAMES, NONE, BytesLike, UnsupportedCodecError, compress, decompress
+from .errors import CorruptRecordError
+from .varint import ZIGZAG_TABLE, ZIGZAG_TABLE_SIZE, read_zigzag, zigzag_bytes
 
 __all__ = [
     "CONTROL_ABORT",
@@ -63,51 +65,21 @@ _TRANSACTIONAL_BIT = 0x10
 _CONTROL_BIT = 0x20
 
 
-class CorruptRecordError(ValueError):
-    """A batch fails its CRC, cannot be decompressed, or its records do not add up."""
-
-
 # --------------------------------------------------------------------------- varints
 
 
-def _varint(n: int) -> bytes:
-    """Zigzag varint/varlong encoding of a signed 64-bit value."""
-    z = (n << 1) ^ (n >> 63)
-    out = bytearray()
-    while z >= 0x80:
-        out.append((z & 0x7F) | 0x80)
-        z >>= 7
-    out.append(z)
-    return bytes(out)
-
-
-# Pre-encoded varints for -1 .. _ZZ_N-1 (index n + 1): lengths, deltas and counts almost always fall
-# here, and a list lookup is several times cheaper than running the encoder loop.
-_ZZ_N = 1 << 14
-_ZZ: list[bytes] = [_varint(n) for n in range(-1, _ZZ_N)]
+# Pre-encoded varints for -1 .. _ZZ_N-1 (index n + 1) live in ``varint``: lengths, deltas and
+# counts almost always fall there, and a list lookup is several times cheaper than the encoder loop.
+_varint = zigzag_bytes
+_ZZ_N = ZIGZAG_TABLE_SIZE
+_ZZ = ZIGZAG_TABLE
 _BYTE: list[bytes] = [bytes((i,)) for i in range(256)]
 _NULL = _ZZ[0]  # length -1: null key/value
 _HKEY: dict[str, bytes] = {}  # header key -> varint length + UTF-8 bytes, bounded
 _HKEY_MAX = 4096
 
 
-def _read_zz(b: bytes, p: int) -> tuple[int, int]:
-    """Decode the zigzag varint at ``b[p]``; returns (value, next position)."""
-    x = b[p]
-    if x < 0x80:
-        return (x >> 1) ^ -(x & 1), p + 1
-    r = x & 0x7F
-    s = 7
-    p += 1
-    while True:
-        x = b[p]
-        p += 1
-        r |= (x & 0x7F) << s
-        if x < 0x80:
-            return (r >> 1) ^ -(r & 1), p
-        s += 7
-        if s > 63:
-            raise CorruptRecordError("varint longer than 10 bytes")
+_read_zz = read_zigzag
 
 
 # --------------------------------------------------------------------------- records
