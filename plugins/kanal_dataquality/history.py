@@ -35,7 +35,6 @@ from kio.schema.errors import ErrorCode
 from kanal.admin.kafka_log import CompactedLog, LogError, LogRecord
 from kanal.config.upstream import UpstreamSettings
 from kanal.protocol.entities import build, has_field, nested
-from kanal.protocol.records import Record, encode_batch
 
 __all__ = ["RANGES", "History", "HistoryLog", "Reporter"]
 
@@ -93,29 +92,6 @@ class HistoryLog(CompactedLog):
         for result in reply.topics:
             if result.error_code not in (ErrorCode.none, ErrorCode.topic_already_exists):
                 raise LogError(f"cannot create the data quality history topic {self.topic}: {result.error_code.name}")
-
-    async def append_many(self, items: Sequence[tuple[bytes, bytes]]) -> int:
-        """Writes records (key, value) in one batch (acks=all); returns the first offset."""
-        now = _now_ms()
-        batch = encode_batch(
-            [Record(offset_delta=i, key=k, value=v) for i, (k, v) in enumerate(items)], base_timestamp=now
-        )
-
-        def make(connection: Any) -> Any:
-            cls = connection.request_class(0)
-            topic_cls = nested(cls, "topic_data")
-            partition_cls = nested(topic_cls, "partition_data")
-            data = _build(topic_cls, name=self.topic, partition_data=(_build(partition_cls, index=0, records=batch),))
-            return _build(cls, acks=-1, timeout=_ms(self.timeout), topic_data=(data,))
-
-        reply = await self._call(make)
-        for topic in reply.responses:
-            for partition in topic.partition_responses:
-                if partition.error_code != ErrorCode.none:
-                    await self.reset()
-                    raise LogError(f"cannot write to {self.topic}: {partition.error_code.name}")
-                return int(partition.base_offset)
-        raise LogError(f"the broker did not answer for {self.topic}")
 
 
 def _build(cls: Any, **values: Any) -> Any:

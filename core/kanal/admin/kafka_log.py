@@ -14,6 +14,7 @@ from __future__ import annotations
 import datetime
 import logging
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -196,8 +197,13 @@ class CompactedLog:
 
     async def append(self, key: bytes, value: bytes | None) -> int:
         """Writes one record (acks=all) and returns its offset."""
+        return await self.append_many([(key, value)])
+
+    async def append_many(self, items: Sequence[tuple[bytes, bytes | None]]) -> int:
+        """Writes records (key, value) in one batch (acks=all); returns the first offset."""
         now = int(time.time() * 1000)
-        batch = encode_batch([Record(key=key, value=value)], base_timestamp=now)
+        records = [Record(offset_delta=i, key=k, value=v) for i, (k, v) in enumerate(items)]
+        batch = encode_batch(records, base_timestamp=now)
 
         def make(connection: _Connection) -> Any:
             cls = connection.request_class(0)
@@ -211,9 +217,9 @@ class CompactedLog:
             for partition in topic.partition_responses:
                 if partition.error_code != ErrorCode.none:
                     await self.reset()
-                    raise LogError(f"cannot write to the state topic {self.topic}: {partition.error_code.name}")
+                    raise LogError(f"cannot write to the topic {self.topic}: {partition.error_code.name}")
                 return int(partition.base_offset)
-        raise LogError(f"the broker did not answer for the state topic {self.topic}")
+        raise LogError(f"the broker did not answer for the topic {self.topic}")
 
     async def end_offset(self) -> int:
         """The offset after the last record (the high watermark)."""
