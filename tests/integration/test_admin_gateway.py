@@ -17,8 +17,6 @@ import io
 import json
 import textwrap
 import time
-import urllib.error
-import urllib.request
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -30,9 +28,9 @@ from conftest import gateway_env_for
 from prometheus_client.parser import text_string_to_metric_families
 from wire import WireClient, metadata_request
 
-from kanal.admin.users import basic_header
 from kanal.cli import main as kanal_main
 from kanal.embedded import GatewayProcess, TansuBroker
+from kanal.embedded.admin_http import AdminHttp as Http
 
 pytestmark = pytest.mark.integration
 
@@ -102,35 +100,6 @@ def kanal_admin_routes(admin: Any) -> None:
 
 
 # -- helpers ------------------------------------------------------------------------------------------
-
-
-class Http:
-    def __init__(self, port: int | str) -> None:
-        self.base = f"http://127.0.0.1:{port}"
-
-    def call(
-        self, method: str, path: str, body: Any = None, user: tuple[str, str] | None = ("admin", "secret")
-    ) -> tuple[int, Any]:
-        data = None if body is None else json.dumps(body).encode()
-        request = urllib.request.Request(self.base + path, data=data, method=method)
-        if data is not None:
-            request.add_header("Content-Type", "application/json")
-        if user:
-            request.add_header("Authorization", basic_header(*user))
-        try:
-            with urllib.request.urlopen(request, timeout=15) as response:
-                status, payload, kind = response.status, response.read(), response.headers.get("Content-Type", "")
-        except urllib.error.HTTPError as exc:
-            status, payload, kind = exc.code, exc.read(), exc.headers.get("Content-Type", "")
-        if "json" in kind and payload:
-            return status, json.loads(payload)
-        return status, payload.decode()
-
-    def put(self, path: str, body: Any, **kw: Any) -> tuple[int, Any]:
-        return self.call("PUT", path, body, **kw)
-
-    def get(self, path: str, **kw: Any) -> tuple[int, Any]:
-        return self.call("GET", path, **kw)
 
 
 def tag_interceptor(name: str, cluster_id: str, priority: int = 100) -> dict[str, Any]:

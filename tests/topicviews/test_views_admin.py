@@ -14,8 +14,6 @@ import json
 import sys
 import textwrap
 import time
-import urllib.error
-import urllib.request
 import uuid
 from collections.abc import Iterator
 from importlib.metadata import entry_points
@@ -32,31 +30,13 @@ from conftest import gateway_env_for
 from kanal_topicviews.views import view_topic_id
 from wire import WireClient, metadata_request
 
-from kanal.admin.users import basic_header
 from kanal.cli import main as kanal_main
 from kanal.embedded import GatewayProcess, TansuBroker
+from kanal.embedded.admin_http import AdminHttp as Http
 
 pytestmark = pytest.mark.integration
 
 USERS = "[{username: admin, password: secret, admin: true}]"
-
-
-class Http:
-    def __init__(self, port: str) -> None:
-        self.base = f"http://127.0.0.1:{port}"
-
-    def call(self, method: str, path: str, body: Any = None) -> tuple[int, Any]:
-        data = None if body is None else json.dumps(body).encode()
-        request = urllib.request.Request(self.base + path, data=data, method=method)
-        if data is not None:
-            request.add_header("Content-Type", "application/json")
-        request.add_header("Authorization", basic_header("admin", "secret"))
-        try:
-            with urllib.request.urlopen(request, timeout=15) as response:
-                status, payload = response.status, response.read()
-        except urllib.error.HTTPError as exc:
-            status, payload = exc.code, exc.read()
-        return status, json.loads(payload) if payload else None
 
 
 def manifest(name: str, statement: str, on_error: str = "DROP") -> dict[str, Any]:
