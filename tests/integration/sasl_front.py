@@ -115,15 +115,21 @@ class SaslFront:
             except (ssl.SSLError, OSError):
                 self.refused += 1
                 return
-        if self.mechanism is not None and not self._authenticate(client):
-            self.refused += 1
-            return
+        if self.mechanism is not None:
+            authenticated = self._authenticate(client)
+            if authenticated is None:  # refused and already counted
+                return
+            if not authenticated:
+                self.refused += 1
+                return
         self.authenticated += 1
         upstream = socket.create_connection(self.broker)
         threading.Thread(target=_pump, args=(upstream, client), daemon=True).start()
         _pump(client, upstream)
 
-    def _authenticate(self, client: socket.socket) -> bool:
+    def _authenticate(self, client: socket.socket) -> bool | None:
+        """True once authenticated; False when the client gave up or broke the exchange; None
+        when it was refused (counted here, before the answer goes out)."""
         assert self.mechanism is not None
         scram = _Scram(self.mechanism, self.password) if self.mechanism.startswith("SCRAM") else None
         step = 0
@@ -149,8 +155,9 @@ class SaslFront:
                 step += 1
                 cls = response_class(36, version)
                 if failed:
+                    self.refused += 1  # counted before the answer, which the test may check at once
                     _send(client, build(cls, error_code=ErrorCode(58), error_message="Authentication failed"), corr)
-                    return False
+                    return None
                 _send(client, build(cls, error_code=ErrorCode(0), auth_bytes=reply), corr)
                 if done:
                     return True

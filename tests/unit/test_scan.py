@@ -80,15 +80,23 @@ def test_older_versions_never_carry_endpoints_and_garbage_is_decoded() -> None:
     assert has_node_endpoints(1, 16, b"\x00\x00\x00\x01\x00\x00")  # truncated: let the decoder judge
 
 
-def test_chunked_view_finds_the_same_position_as_the_whole_frame() -> None:
-    from kanal.protocol.scan import NEUTRAL_TAG, ChunkedView, node_endpoints_position
+def test_incremental_scan_stops_at_the_same_tail_whatever_the_cuts() -> None:
+    from kanal.protocol.scan import NEUTRAL_TAG, ResponseScan, node_endpoints_entry, node_endpoints_position
 
     frame = _fetch(16, 2, 1)
     where = node_endpoints_position(1, 16, frame)
     assert where is not None and frame[where] == 0
-    for cut in (1, 7, 100, len(frame) // 2):
-        chunks = [b"\x00\x00\x00\x00" + frame[:cut], frame[cut:]]  # a length prefix, then two chunks
-        assert node_endpoints_position(1, 16, ChunkedView(chunks, offset=4)) == where
+    for cut in (1, 7, 100, len(frame) // 2, len(frame) - 3):
+        scan = ResponseScan(1, 16)
+        taken = scan.feed(frame[:cut])
+        if not scan.at_tail:
+            if scan.opaque:  # pass over record bytes unread, as a relay does
+                skipped = min(scan.opaque, len(frame) - cut)
+                scan.skip(skipped)
+                taken += skipped
+            taken += scan.feed(frame[taken:])
+        assert scan.at_tail and taken == scan.position
+        assert taken + node_endpoints_entry(frame[taken:]) == where  # type: ignore[operator]
     patched = bytearray(frame)
     patched[where] = NEUTRAL_TAG  # what the gateway does when it cannot rewrite any more
     assert node_endpoints_position(1, 16, patched) is None
@@ -97,3 +105,23 @@ def test_chunked_view_finds_the_same_position_as_the_whole_frame() -> None:
     assert frame[where - 1] == 1  # one top-level tagged field
     body = decode_response(1, 16, bytes(frame[: where - 1]) + b"\x00")
     assert body.node_endpoints == () and len(body.responses) == 2
+
+
+def test_scan_reads_varints_split_across_feeds_and_refuses_overlong_ones() -> None:
+    import pytest
+
+    from kanal.protocol.headers import InvalidHeader
+    from kanal.protocol.scan import ResponseScan
+
+    frame = _produce(12, 1)
+    scan = ResponseScan(0, 12)
+    for i in range(len(frame)):  # one byte at a time
+        if scan.at_tail:
+            break
+        scan.feed(frame[i : i + 1])
+    assert scan.at_tail
+    whole = ResponseScan(0, 12)
+    whole.feed(frame)
+    assert scan.position == whole.position
+    with pytest.raises(InvalidHeader):
+        ResponseScan(0, 12).feed(b"\x00\x00\x00\x09" + b"\xff" * 6)

@@ -9,18 +9,27 @@ from typing import Any
 
 import trio
 
-from kanal.protocol.framing import FrameReader
+from kanal.net.forward import PeerClosed, forward
+from kanal.protocol.framing import FrameReader, InvalidFrame
 from kanal.protocol.headers import response_correlation_id
 from kanal.protocol.messages import decode_response, encode_request
+from kanal.protocol.scan import ResponseScan
 
 READ_SIZE = 256 * 1024  # measured: 64 KiB reads cost about 25% of forwarding throughput
-RELAY_READ_SIZE = 1024 * 1024  # the rest of a large frame: fewer, larger reads (measured faster)
+# The first read at a frame boundary, where a frame may be streamed: small, so that a large frame's
+# body mostly stays in the kernel (spliced) instead of passing through the process.
+HEAD_READ_SIZE = 16 * 1024
+STREAM_FROM = 256 * 1024  # frames at least this large may be forwarded while they arrive
 _SMALL = 64 * 1024
+_STRUCTURE_READ = 4096  # first read of a scanned frame's structure between two record sets
+_FORWARD_FROM = 64 * 1024  # record sets at least this large are forwarded unread
 _LEN = struct.Struct(">i")
 
 
-class PeerClosed(ConnectionError):
-    """The other side closed the connection."""
+def next_read_size(reader: FrameReader) -> int:
+    """How much to read next where frames may be streamed: a small read at a frame boundary, so
+    that a large frame can be forwarded unread after its first bytes; a full one otherwise."""
+    return READ_SIZE if reader.buffered else HEAD_READ_SIZE
 
 
 class KafkaChannel:
@@ -53,14 +62,15 @@ class KafkaChannel:
         return frames.popleft()
 
     async def receive_head(self) -> bytearray | tuple[int, bytearray]:
-        """The next frame if it is already whole, else ``(size, first bytes)`` of a frame still
-        arriving (at least its correlation id); the caller must then :meth:`relay` the rest."""
+        """The next frame if it is already whole, else ``(size, first bytes)`` of a large frame
+        still arriving (at least its correlation id); the caller must then :meth:`relay` the rest."""
         frames = self._frames
         while not frames:
-            partial = self._reader.take_partial()
-            if partial is not None:
+            partial = self._reader.peek_partial()
+            if partial is not None and partial[0] >= STREAM_FROM:
+                self._reader.take_partial()
                 return partial
-            data = await self.stream.receive_some(READ_SIZE)
+            data = await self.stream.receive_some(next_read_size(self._reader))
             if not data:
                 raise PeerClosed("connection closed by peer")
             frames.extend(self._reader.feed(data))
@@ -71,11 +81,11 @@ class KafkaChannel:
         out: trio.abc.SendStream,
         size: int,
         head: bytearray,
-        hold: int = 0,
-        finish: Callable[[list[bytes | bytearray], int], bytes] | None = None,
+        scan: ResponseScan | None = None,
+        finish: Callable[[bytearray], bytes | bytearray] | None = None,
     ) -> None:
         """Forwards the rest of a frame from this channel to ``out`` (see :func:`relay`)."""
-        await relay(self.stream, out, size, head, hold, finish)
+        await relay(self.stream, out, size, head, scan, finish)
 
     async def aclose(self) -> None:
         await self.stream.aclose()
@@ -86,51 +96,54 @@ async def relay(
     out: trio.abc.SendStream,
     size: int,
     head: bytearray,
-    hold: int = 0,
-    finish: Callable[[list[bytes | bytearray], int], bytes] | None = None,
+    scan: ResponseScan | None = None,
+    finish: Callable[[bytearray], bytes | bytearray] | None = None,
 ) -> None:
     """Forwards a frame while it arrives (cut-through): the length prefix and ``head`` (the first
-    bytes of the body, already read) at once, then each chunk read from ``source`` as it comes,
-    never reading past the frame.
+    bytes of the body, already read) at once, then the rest as it comes, never reading past the
+    frame.
 
-    With ``hold``, the last ``hold`` bytes are kept back until the whole frame is in; then
-    ``finish(chunks, held_from)`` gets every chunk of the frame (length prefix included) and the
-    wire offset where the held bytes start, and returns the bytes to send in their place (the same
-    length: the prefix is already gone).
+    With a ``scan``, the frame's structure is followed as it passes: the bytes it calls opaque
+    (records) are forwarded unread, and the frame's last part (its top-level tagged fields) is kept
+    back until it is whole, then sent as ``finish(tail)`` returns it (the same length: the prefix
+    is already gone).
     """
-    total = 4 + size
-    chunks: list[bytes | bytearray] = [_LEN.pack(size) + bytes(head)]
-    received = len(chunks[0])
-    held_from = total - hold
-    sent = 0
-
-    async def send_up_to(limit: int) -> None:
-        nonlocal sent
-        offset = 0
-        for chunk in chunks:
-            end = offset + len(chunk)
-            if end > sent and offset < limit:
-                await out.send_all(memoryview(chunk)[max(sent - offset, 0) : min(limit, end) - offset])
-            offset = end
-        sent = max(sent, limit)
-
-    await send_up_to(min(received, held_from))
-    while received < total:
-        data = await source.receive_some(min(RELAY_READ_SIZE, total - received))
+    prefix = _LEN.pack(size)
+    if scan is None:
+        await out.send_all(prefix + head)
+        await forward(source, out, size - len(head))
+        return
+    taken = scan.feed(head)
+    await out.send_all(prefix + memoryview(head)[:taken])
+    tail = bytearray(memoryview(head)[taken:])
+    received = len(head)
+    step = _STRUCTURE_READ
+    while received < size:
+        left = size - received
+        opaque = min(scan.opaque, left)
+        if opaque >= _FORWARD_FROM:
+            await forward(source, out, opaque)
+            scan.skip(opaque)
+            received += opaque
+            step = _STRUCTURE_READ
+            continue
+        data = await source.receive_some(min(max(opaque, step), left))
         if not data:
             raise PeerClosed("connection closed by peer")
         received += len(data)
-        if hold:
-            chunks.append(data)
-            await send_up_to(min(received, held_from))
-        else:
-            await out.send_all(data)
-            sent = received
-    if hold:
-        assert finish is not None
-        tail = finish(chunks, held_from)
-        assert len(tail) == total - held_from
-        await out.send_all(tail)
+        if scan.at_tail:
+            tail += data
+            continue
+        taken = scan.feed(data)
+        if taken:
+            await out.send_all(memoryview(data)[:taken])
+        tail += memoryview(data)[taken:]
+        step = min(step * 2, READ_SIZE)  # a long run of structure (many partitions): larger reads
+    if not scan.at_tail:
+        raise InvalidFrame("response frame ends inside its structure")
+    last = finish(tail) if finish is not None else tail
+    assert len(last) == len(tail)
+    await out.send_all(last)
 
 
 class RequestChannel:

@@ -21,7 +21,8 @@ import trio
 from kio.schema.errors import ErrorCode
 
 from kanal.metrics import GatewayMetrics
-from kanal.net.channel import READ_SIZE, KafkaChannel, PeerClosed, relay
+from kanal.net.channel import STREAM_FROM, KafkaChannel, next_read_size, relay
+from kanal.net.forward import PeerClosed
 from kanal.pipeline.chain import ResolvedChain
 from kanal.pipeline.context import Connection, RecordsContext, RequestContext, ResponseContext
 from kanal.pipeline.results import Close, PartitionError, Reject, Respond
@@ -49,7 +50,7 @@ from kanal.protocol.messages import (
 )
 from kanal.protocol.records import RecordSet
 from kanal.protocol.rewrite import broker_addresses, carries_addresses, rewrite_addresses
-from kanal.protocol.scan import NEUTRAL_TAG, ChunkedView, has_node_endpoints, node_endpoints_position
+from kanal.protocol.scan import NEUTRAL_TAG, ResponseScan, has_node_endpoints, node_endpoints_entry, scans
 
 if TYPE_CHECKING:
     from kanal.gateway import Gateway
@@ -209,7 +210,7 @@ class ClientConnection:
             with self._read_scope:
                 try:
                     while True:
-                        data = await self.client.receive_some(READ_SIZE)
+                        data = await self.client.receive_some(next_read_size(self._reader))
                         if not data:
                             return
                         for frame in self._reader.feed(data):
@@ -292,32 +293,30 @@ class ClientConnection:
 
     async def _relay_response(self, pending: Pending, size: int, head: bytearray) -> None:
         """Forwards a response while it arrives. Produce and Fetch responses that may carry KIP-951
-        leader hints keep their last bytes back until the scan has found where the hints are."""
+        leader hints are scanned on the way, and their last part (where the hints would be) is
+        kept back until it is whole."""
         assert self.upstream is not None
         set_response_correlation_id(head, pending.client_corr)
         api_key, version = pending.api_key, pending.api_version
-        if not carries_addresses(api_key, version):
+        if not scans(api_key, version):
             await self.upstream.relay(self.client, size, head)
             return
 
-        def finish(chunks: list[bytes | bytearray], held_from: int) -> bytes:
+        def finish(tail: bytearray) -> bytearray:
             try:
-                where = node_endpoints_position(api_key, version, ChunkedView(chunks, offset=4))
+                where = node_endpoints_entry(tail)
             except (IndexError, ValueError) as exc:
                 raise ProtocolViolation(f"malformed {api_name(api_key)} response from upstream: {exc}") from exc
-            tail = _tail(chunks, held_from)
             if where is not None:
-                if where + 4 < held_from:
-                    raise ProtocolViolation("KIP-951 leader hints too far from the end of a streamed response")
                 # Too late to rewrite (the length went out first): hide the hints under a tag no
                 # client knows; clients skip it and ask the gateway for Metadata instead.
-                tail[where + 4 - held_from] = NEUTRAL_TAG
+                tail[where] = NEUTRAL_TAG
                 log.info(
                     "dropped KIP-951 leader hints from a streamed %s response", api_name(api_key), extra=self._fields()
                 )
-            return bytes(tail)
+            return tail
 
-        await self.upstream.relay(self.client, size, head, hold=min(_HOLD, 4 + size), finish=finish)
+        await self.upstream.relay(self.client, size, head, ResponseScan(api_key, version), finish)
 
     # -- requests ----------------------------------------------------------------------------
 
@@ -327,7 +326,7 @@ class ClientConnection:
 
     def _may_stream(self, size: int, head: bytearray) -> bool:
         """A large request no hook needs is forwarded while it arrives, once its header is in."""
-        if size < _STREAM_FROM or len(head) < _STREAM_HEAD or self.gateway.tap is not None:
+        if size < STREAM_FROM or len(head) < _STREAM_HEAD or self.gateway.tap is not None:
             return False
         api_key, _, _ = peek_request(head)
         return not self.chain().decode_request(api_key)
@@ -584,8 +583,6 @@ class ClientConnection:
         return replace(response, responses=tuple(topics)) if changed else response
 
 
-_HOLD = 64 * 1024  # bytes of a streamed Produce/Fetch response kept back for the leader-hint scan
-_STREAM_FROM = 256 * 1024  # requests at least this large are forwarded while they arrive
 _STREAM_HEAD = 1024  # once this much of them is in: enough for the header and Produce's acks
 
 
@@ -600,18 +597,6 @@ class _Discard(trio.abc.SendStream):
 
     async def aclose(self) -> None:
         return None
-
-
-def _tail(chunks: list[bytes | bytearray], start: int) -> bytearray:
-    """The bytes of the chunks from offset ``start`` on, copying only those."""
-    tail = bytearray()
-    offset = 0
-    for chunk in chunks:
-        end = offset + len(chunk)
-        if end > start:
-            tail += memoryview(chunk)[max(start - offset, 0) :]
-        offset = end
-    return tail
 
 
 def _sent_before(a: int, b: int) -> bool:

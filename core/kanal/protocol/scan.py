@@ -1,118 +1,205 @@
-"""Cheap scans of response frames that spare a full decode.
+"""Cheap scans of Produce and Fetch responses that spare a full decode.
 
 Produce v10+ and Fetch v16+ responses may carry KIP-951 leader hints (``node_endpoints``, top-level
 tag 0) holding broker addresses the gateway must rewrite. They are rare (only after a leader
-change) while the responses are the bulk of the traffic, so the gateway walks the frame's
+change) while the responses are the bulk of the traffic, so the gateway walks the response's
 structure, skipping record bytes by their length, and decodes only when the tag is present.
 
-The scans read single bytes by index, so they also work on a :class:`ChunkedView` over the chunks
-of a response that is being forwarded while it arrives.
+The walk is incremental (:class:`ResponseScan`): it is fed the bytes of a response as they arrive
+and says how many of the bytes that follow are opaque (record sets), so a response being forwarded
+while it arrives can pass its records on without reading them, and keep back only its last part,
+the top-level tagged fields, until that part is whole.
 """
 
 from __future__ import annotations
 
-from bisect import bisect_right
-from collections.abc import Sequence
+from collections.abc import Generator
 
-from kanal.protocol.headers import Indexable, InvalidHeader, read_uvarint, skip_tagged_fields
+from kanal.protocol.headers import InvalidHeader, read_uvarint
 
 # A tag no version of Produce or Fetch defines: clients skip unknown tagged fields.
 NEUTRAL_TAG = 0x7F
 
-
-class ChunkedView:
-    """Random access by index over consecutive chunks, from ``offset`` on, without joining them."""
-
-    __slots__ = ("_chunks", "_length", "_offset", "_starts")
-
-    def __init__(self, chunks: Sequence[bytes | bytearray | memoryview], offset: int = 0) -> None:
-        self._chunks = chunks
-        self._starts: list[int] = []
-        total = 0
-        for chunk in chunks:
-            self._starts.append(total)
-            total += len(chunk)
-        self._offset = offset
-        self._length = total - offset
-
-    def __len__(self) -> int:
-        return self._length
-
-    def __getitem__(self, index: int, /) -> int:
-        if not 0 <= index < self._length:
-            raise IndexError(index)
-        at = index + self._offset
-        i = bisect_right(self._starts, at) - 1
-        return self._chunks[i][at - self._starts[i]]
+# A walk yields VARINT to read the next unsigned varint (sent back to it), n < 0 to pass over the
+# next -n bytes unread; it returns when it reaches the top-level tagged fields.
+VARINT = 0
+_Walk = Generator[int, int | None, None]
 
 
-def _skip_compact_bytes(buf: Indexable, pos: int) -> int:
-    length, pos = read_uvarint(buf, pos)
-    return pos + max(length - 1, 0)
+def _compact_bytes() -> _Walk:
+    length = yield VARINT
+    assert length is not None
+    if length > 1:
+        yield 1 - length
 
 
-def _tag_zero_position(buf: Indexable, pos: int) -> int | None:
-    """Position of the tag-0 entry in a tagged-field section, when present and not empty."""
-    count, pos = read_uvarint(buf, pos)
+def _tagged_fields() -> _Walk:
+    count = yield VARINT
+    assert count is not None
+    for _ in range(count):
+        yield VARINT  # tag
+        size = yield VARINT
+        assert size is not None
+        if size:
+            yield -size
+
+
+def _fetch_walk() -> _Walk:
+    yield -4  # correlation id
+    yield from _tagged_fields()
+    yield -(4 + 2 + 4)  # throttle time, error code, session id
+    topics = yield VARINT
+    assert topics is not None
+    for _ in range(topics - 1):
+        yield -16  # topic id
+        partitions = yield VARINT
+        assert partitions is not None
+        for _ in range(partitions - 1):
+            yield -(4 + 2 + 8 + 8 + 8)
+            aborted = yield VARINT
+            assert aborted is not None
+            for _ in range(aborted - 1):
+                yield -16
+                yield from _tagged_fields()
+            yield -4  # preferred read replica
+            yield from _compact_bytes()  # records
+            yield from _tagged_fields()
+        yield from _tagged_fields()
+
+
+def _produce_walk(version: int) -> _Walk:
+    yield -4  # correlation id
+    yield from _tagged_fields()
+    topics = yield VARINT
+    assert topics is not None
+    for _ in range(topics - 1):
+        if version >= 13:
+            yield -16  # topic id
+        else:
+            yield from _compact_bytes()  # name
+        partitions = yield VARINT
+        assert partitions is not None
+        for _ in range(partitions - 1):
+            yield -(4 + 2 + 8 + 8 + 8)
+            errors = yield VARINT
+            assert errors is not None
+            for _ in range(errors - 1):
+                yield -4
+                yield from _compact_bytes()  # batch index error message
+                yield from _tagged_fields()
+            yield from _compact_bytes()  # error message
+            yield from _tagged_fields()
+        yield from _tagged_fields()
+    yield -4  # throttle time
+
+
+def scans(api_key: int, version: int) -> bool:
+    """Whether responses of this API version may carry leader hints (and so are scanned)."""
+    return (api_key == 1 and version >= 16) or (api_key == 0 and version >= 10)
+
+
+class ResponseScan:
+    """Walks a Produce v10+ / Fetch v16+ response frame (body without length prefix) as it arrives.
+
+    Feed it the frame's bytes in order; bytes reported :attr:`opaque` may instead be passed over
+    with :meth:`skip`. Once :attr:`at_tail` is set, the rest of the frame is the top-level tagged
+    fields, for :func:`node_endpoints_entry`.
+    """
+
+    __slots__ = ("_partial", "_walk", "_want", "at_tail", "position")
+
+    def __init__(self, api_key: int, version: int) -> None:
+        if not scans(api_key, version):
+            raise ValueError(f"api key {api_key} version {version} carries no leader hints")
+        self._walk = _fetch_walk() if api_key == 1 else _produce_walk(version)
+        self._partial = bytearray()
+        self._want = next(self._walk)
+        self.at_tail = False
+        self.position = 0  # frame bytes consumed so far
+
+    @property
+    def opaque(self) -> int:
+        """How many of the next bytes are known not to matter to the scan."""
+        return -self._want if self._want < 0 and not self.at_tail else 0
+
+    def feed(self, data: bytes | bytearray | memoryview) -> int:
+        """Consumes bytes up to the top-level tagged fields; returns how many of ``data`` it took
+        (all of them unless the tail starts inside ``data``)."""
+        i, n = 0, len(data)
+        partial = self._partial
+        while i < n and not self.at_tail:
+            want = self._want
+            if want < 0:
+                k = min(-want, n - i)
+                i += k
+                if want + k:
+                    self._want = want + k
+                else:
+                    self._resume(None)
+                continue
+            b = data[i]
+            i += 1
+            if b >= 0x80:
+                partial.append(b)
+                if len(partial) > 4:
+                    raise InvalidHeader("varint too long")
+                continue
+            if partial:  # a varint that straddled two reads
+                partial.append(b)
+                b, _ = read_uvarint(partial, 0)
+                partial.clear()
+            self._resume(b)
+        self.position += i
+        return i
+
+    def skip(self, n: int) -> None:
+        """Passes over ``n`` opaque bytes (at most :attr:`opaque`) without seeing them."""
+        if not 0 < n <= self.opaque:
+            raise ValueError(f"cannot skip {n} bytes, {self.opaque} are opaque")
+        self.position += n
+        if self._want + n:
+            self._want += n
+        else:
+            self._resume(None)
+
+    def _resume(self, value: int | None) -> None:
+        try:
+            self._want = self._walk.send(value)
+        except StopIteration:
+            self.at_tail = True
+
+
+def node_endpoints_entry(tail: bytes | bytearray | memoryview) -> int | None:
+    """Where the leader hints' entry (its tag byte) starts in a top-level tagged-field section,
+    or None when there is none or it is empty."""
+    count, pos = read_uvarint(tail, 0)
     for _ in range(count):
         entry = pos
-        tag, pos = read_uvarint(buf, pos)
-        size, pos = read_uvarint(buf, pos)
+        tag, pos = read_uvarint(tail, pos)
+        size, pos = read_uvarint(tail, pos)
         if tag == 0:
             return entry if size > 1 else None  # an empty compact array is the single byte 0x01
         pos += size
-    if pos > len(buf):
+    if pos > len(tail):
         raise InvalidHeader("truncated tagged fields")
     return None
 
 
-def _fetch_tail(buf: Indexable) -> int:
-    pos = skip_tagged_fields(buf, 4) + 4 + 2 + 4  # header; throttle, error code, session id
-    topics, pos = read_uvarint(buf, pos)
-    for _ in range(max(topics - 1, 0)):
-        pos += 16  # topic id
-        partitions, pos = read_uvarint(buf, pos)
-        for _ in range(max(partitions - 1, 0)):
-            pos += 4 + 2 + 8 + 8 + 8
-            aborted, pos = read_uvarint(buf, pos)
-            for _ in range(max(aborted - 1, 0)):
-                pos = skip_tagged_fields(buf, pos + 16)
-            pos += 4  # preferred read replica
-            pos = _skip_compact_bytes(buf, pos)  # records
-            pos = skip_tagged_fields(buf, pos)
-        pos = skip_tagged_fields(buf, pos)
-    return pos
+def node_endpoints_position(api_key: int, version: int, frame: bytes | bytearray | memoryview) -> int | None:
+    """Where the KIP-951 node endpoints entry of a whole Produce v10+ / Fetch v16+ response frame
+    starts (the position of its tag), or None when it has none. Raises InvalidHeader (or
+    IndexError) on a frame that does not parse."""
+    if not scans(api_key, version):
+        return None
+    scan = ResponseScan(api_key, version)
+    start = scan.feed(frame)
+    if not scan.at_tail:
+        raise InvalidHeader("truncated response")
+    where = node_endpoints_entry(memoryview(frame)[start:])
+    return None if where is None else start + where
 
 
-def _produce_tail(buf: Indexable, version: int) -> int:
-    pos = skip_tagged_fields(buf, 4)
-    topics, pos = read_uvarint(buf, pos)
-    for _ in range(max(topics - 1, 0)):
-        pos = pos + 16 if version >= 13 else _skip_compact_bytes(buf, pos)  # topic id or name
-        partitions, pos = read_uvarint(buf, pos)
-        for _ in range(max(partitions - 1, 0)):
-            pos += 4 + 2 + 8 + 8 + 8
-            errors, pos = read_uvarint(buf, pos)
-            for _ in range(max(errors - 1, 0)):
-                pos = skip_tagged_fields(buf, _skip_compact_bytes(buf, pos + 4))
-            pos = _skip_compact_bytes(buf, pos)  # error message
-            pos = skip_tagged_fields(buf, pos)
-        pos = skip_tagged_fields(buf, pos)
-    return pos + 4  # throttle time
-
-
-def node_endpoints_position(api_key: int, version: int, frame: Indexable) -> int | None:
-    """Where the KIP-951 node endpoints entry of a Produce v10+ / Fetch v16+ response frame starts
-    (the position of its tag), or None when it has none. Raises InvalidHeader (or IndexError) on a
-    frame that does not parse."""
-    if api_key == 1 and version >= 16:
-        return _tag_zero_position(frame, _fetch_tail(frame))
-    if api_key == 0 and version >= 10:
-        return _tag_zero_position(frame, _produce_tail(frame, version))
-    return None
-
-
-def has_node_endpoints(api_key: int, version: int, frame: Indexable) -> bool:
+def has_node_endpoints(api_key: int, version: int, frame: bytes | bytearray | memoryview) -> bool:
     """Whether a response frame carries KIP-951 node endpoints.
 
     Errs on the side of True when the frame does not parse as expected, so a malformed or
