@@ -23,7 +23,7 @@ from kio.schema.errors import ErrorCode
 
 from kanal.config.upstream import UpstreamSettings
 from kanal.net.channel import RequestChannel
-from kanal.net.upstream import UpstreamError, open_upstream
+from kanal.net.upstream import Bootstrap, UpstreamError, api_versions, open_upstream
 from kanal.protocol.api import require_request_class
 from kanal.protocol.entities import build, has_field, nested
 from kanal.protocol.records import Record, RecordSet, encode_batch
@@ -63,12 +63,7 @@ class _Connection:
     @classmethod
     async def open(cls, address: tuple[str, int], upstream: UpstreamSettings, timeout: float) -> _Connection:
         channel = await open_upstream(address, upstream, timeout, _FETCH_MAX_BYTES + 1024 * 1024)
-        calls = RequestChannel(channel, "kanal-state")
-        reply = await calls.call(
-            build(require_request_class(18, 3), client_software_name="kanal", client_software_version="0")
-        )
-        versions = {int(k.api_key): (int(k.min_version), int(k.max_version)) for k in reply.api_keys}
-        return cls(calls, versions)
+        return cls(*await api_versions(channel, "kanal-state"))
 
     def request_class(self, api_key: int) -> Any:
         lowest, highest = _VERSIONS[api_key]
@@ -98,25 +93,19 @@ class CompactedLog:
         self.upstream = upstream
         self.timeout = timeout
         self._leader: _Connection | None = None
-        self._next_server = 0
+        self._bootstrap = Bootstrap(upstream.bootstrap_servers)
 
-    async def _bootstrap(self) -> _Connection:
-        servers = self.upstream.bootstrap_servers
-        last: Exception | None = None
-        for _ in range(len(servers)):
-            address = servers[self._next_server % len(servers)]
-            self._next_server += 1
-            try:
-                return await _Connection.open(address, self.upstream, self.timeout)
-            except (UpstreamError, OSError, ConnectionError, trio.BrokenResourceError, trio.TooSlowError) as exc:
-                last = exc
-        raise LogError(f"cannot reach the backing cluster: {last}")
+    async def _bootstrap_connection(self) -> _Connection:
+        try:
+            return await self._bootstrap.connect(lambda address: _Connection.open(address, self.upstream, self.timeout))
+        except UpstreamError as exc:
+            raise LogError(f"cannot reach the backing cluster: {exc}") from exc
 
     async def _connection(self) -> _Connection:
         """The connection to the partition leader (a bootstrap server while the topic does not exist)."""
         if self._leader is not None:
             return self._leader
-        boot = await self._bootstrap()
+        boot = await self._bootstrap_connection()
         try:
             cls = boot.request_class(3)
             topics = (_build(nested(cls, "topics"), name=self.topic),)

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import logging
 import ssl
-from typing import Any
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, TypeVar
 
 import trio
 from kio.schema.errors import ErrorCode
@@ -19,6 +20,7 @@ from kanal.protocol.sasl import SaslError, mechanism_for
 log = logging.getLogger(__name__)
 
 Address = tuple[str, int]
+T = TypeVar("T")
 
 
 class UpstreamError(ConnectionError):
@@ -73,6 +75,37 @@ async def open_upstream(
         raise UpstreamError(f"cannot connect to upstream {host}:{port}: {exc}") from exc
 
 
+class Bootstrap:
+    """The bootstrap servers, tried in turn from the one after the last used, so that a server
+    that failed is not the first one tried again."""
+
+    def __init__(self, servers: Sequence[Address]) -> None:
+        self.servers = servers
+        self._next = 0
+
+    async def connect(self, open_one: Callable[[Address], Awaitable[T]]) -> T:
+        """The first ``open_one(address)`` that succeeds; UpstreamError naming the last failure
+        when none does."""
+        last: Exception | None = None
+        for _ in range(len(self.servers)):
+            address = self.servers[self._next % len(self.servers)]
+            self._next += 1
+            try:
+                return await open_one(address)
+            except (OSError, trio.BrokenResourceError, trio.TooSlowError) as exc:
+                last = exc
+        raise UpstreamError(str(last) if last else "no bootstrap servers")
+
+
+async def api_versions(channel: KafkaChannel, client_id: str) -> tuple[RequestChannel, dict[int, tuple[int, int]]]:
+    """Asks a new connection which versions of each API the broker offers."""
+    calls = RequestChannel(channel, client_id)
+    reply = await calls.call(
+        build(require_request_class(18, 3), client_software_name="kanal", client_software_version="0")
+    )
+    return calls, {int(k.api_key): (int(k.min_version), int(k.max_version)) for k in reply.api_keys}
+
+
 class ControlClient:
     """The gateway's own connection to the cluster, for metadata and other internal calls.
 
@@ -85,27 +118,16 @@ class ControlClient:
         self.max_frame_size = max_frame_size
         self._calls: RequestChannel | None = None
         self._lock = trio.Lock()
-        self._next_server = 0
+        self._bootstrap = Bootstrap(upstream.bootstrap_servers)
         self.versions: dict[int, tuple[int, int]] = {}
 
     async def _connect(self) -> RequestChannel:
-        servers = self.upstream.bootstrap_servers
-        last: Exception | None = None
-        for _ in range(len(servers)):
-            address = servers[self._next_server % len(servers)]
-            self._next_server += 1
-            try:
-                channel = await open_upstream(address, self.upstream, self.timeout, self.max_frame_size)
-            except UpstreamError as exc:
-                last = exc
-                continue
-            calls = RequestChannel(channel, "kanal-gateway")
-            reply = await calls.call(
-                build(require_request_class(18, 3), client_software_name="kanal", client_software_version="0")
-            )
-            self.versions = {int(k.api_key): (int(k.min_version), int(k.max_version)) for k in reply.api_keys}
+        async def open_one(address: Address) -> RequestChannel:
+            channel = await open_upstream(address, self.upstream, self.timeout, self.max_frame_size)
+            calls, self.versions = await api_versions(channel, "kanal-gateway")
             return calls
-        raise UpstreamError(str(last) if last else "no bootstrap servers")
+
+        return await self._bootstrap.connect(open_one)
 
     def version_for(self, api_key: int, highest: int) -> int:
         """The highest version of ``api_key`` at most ``highest`` that the upstream supports."""
