@@ -139,3 +139,23 @@ def test_a_response_whose_structure_overruns_the_frame_is_refused() -> None:
     short = frame[: len(frame) - 40]  # announced shorter than its own record sets say
     with pytest.raises(InvalidFrame):
         _run_relay(_memory, short, ResponseScan(1, 16))
+
+
+@pytest.mark.parametrize("pair", [_sockets, _memory], ids=["sockets", "memory"])
+def test_a_large_frame_is_received_whole_and_the_next_one_after_it(pair: Pair) -> None:
+    from kanal.net.channel import KafkaChannel
+
+    big = _fetch_v16(partitions=4, endpoints=0)
+    small = b"\x00\x00\x00\x08tail"
+    got: list[bytes] = []
+
+    async def main() -> None:
+        far, near = pair()
+        channel = KafkaChannel(near, max_frame_size=100 * 1024 * 1024)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(far.send_all, struct.pack(">i", len(big)) + big + struct.pack(">i", len(small)) + small)
+            got.append(bytes(await channel.receive_frame()))
+            got.append(bytes(await channel.receive_frame()))
+
+    trio.run(main)
+    assert got == [big, small]
