@@ -32,6 +32,7 @@ import jsonschema
 import jsonschema.exceptions
 
 from kanal_dataquality.cel import PASSED, Outcome
+from kanal_dataquality.jsonschema_fast import SchemaCheck, generate_check
 
 jsonschema_rs: Any
 try:
@@ -108,7 +109,7 @@ def _reason(path: Any, message: str) -> str:
 class SchemaRule:
     """A compiled JSON schema. Build it with ``compile_schema``; thread-safe."""
 
-    __slots__ = ("_is_valid", "_iter_errors", "draft", "engine", "schema")
+    __slots__ = ("_is_valid", "_iter_errors", "check", "draft", "engine", "schema")
 
     def __init__(self, schema: Mapping[str, Any] | bool, draft: str, engine: str, validator: Any) -> None:
         self.schema = schema
@@ -116,6 +117,8 @@ class SchemaRule:
         self.engine = engine  # "jsonschema-rs", or "jsonschema" when jsonschema-rs is missing
         self._is_valid = validator.is_valid
         self._iter_errors = validator.iter_errors
+        # The generated Python check for decoded JSON values (True only when valid), or None.
+        self.check: SchemaCheck | None = generate_check(schema, draft)
 
     def is_valid(self, value: Any) -> bool:
         """Whether ``value`` conforms; a value that is not JSON does not."""

@@ -71,6 +71,9 @@ class CompiledRule:
     source: str  # the expression, or the schema as JSON, for tests and the API
     fast: Callable[..., Any] | None = None  # the engine's fastest entry point (see fast_entry)
     header_names: frozenset[str] | None = frozenset()  # headers the rule reads; None: it may read any
+    # A generated check the record loop may paste in instead of calling ``fast``: its source
+    # (``lambda <params>: <expression>``) and compiled function (see kanal_dataquality.inline).
+    inline: tuple[str, Callable[..., Any]] | None = None
 
 
 def _never(*_: Any) -> Outcome:  # pragma: no cover - EnforceAvro is decided by the decoder
@@ -104,6 +107,7 @@ def compile_rule(name: str, spec: Mapping[str, Any]) -> CompiledRule:
             rule = compile_cel(expression)
         except CelCompileError as exc:
             raise RuleCompileError(f"invalid CEL expression: {exc}") from None
+        fast = fast_entry(rule)
         return CompiledRule(
             name=name,
             type=CEL,
@@ -114,8 +118,9 @@ def compile_rule(name: str, spec: Mapping[str, Any]) -> CompiledRule:
             uses_value=bool(_WORD_VALUE.search(expression)),
             uses_headers=bool(_WORD_HEADERS.search(expression)),
             source=expression,
-            fast=fast_entry(rule),
+            fast=fast,
             header_names=header_names(expression),
+            inline=(rule.source, fast) if fast is not None and rule.source else None,
         )
     if kind == JSON_SCHEMA:
         schema = spec.get("schema")
@@ -134,6 +139,7 @@ def compile_rule(name: str, spec: Mapping[str, Any]) -> CompiledRule:
             uses_headers=False,
             source=orjson.dumps(schema).decode(),
             fast=fast_entry(compiled),
+            inline=(compiled.check.source, compiled.check.function) if compiled.check is not None else None,
         )
     raise RuleCompileError(f"spec.type must be {CEL} or {JSON_SCHEMA}, got {kind!r}")
 

@@ -3,26 +3,33 @@
 For the common case (payloads without schema ids, batches no earlier interceptor changed), the loop
 walks the batch's records area itself (``RecordBatch.to_bytes()``, decompressed with the gateway's own
 codecs when needed), slicing out only the parts the rules read (the value; the key and the headers
-when a CEL rule mentions them), and creates no ``Record`` objects. It calls each rule's fastest entry
-point, and the public ``evaluate`` only for a record some rule did not pass, to get the outcome.
-Records are decoded by the gateway's codec (``batch.records()``) only for batches that need marking,
-so a batch whose records all pass is forwarded as its original bytes.
+when a CEL rule mentions them), and creates no ``Record`` objects. It runs each rule's fastest check,
+and the public ``evaluate`` only for a record some check did not pass, to get the outcome. Records are
+decoded by the gateway's codec (``batch.records()``) only for batches that need marking, so a batch
+whose records all pass is forwarded as its original bytes.
 
 What the generated loop does per record (``rules`` = the plan's rules in order)::
 
-    <walk the record: length, attributes, timestamp and offset deltas skipped, key, value, headers>
+    <walk the record: length, attributes, timestamp and offset deltas skipped, key, value>
     value = orjson.loads(value bytes)           # text or bytes when not JSON; None for a null value
+    <the header section: skipped, or only the headers the rules name decoded>
     try:
-        if fast0(key, value, headers) is True and valid1(value): continue   # every rule passed
+        if <rule 0's CEL expression> is True and <rule 1's schema check>: continue   # every rule passed
     except Exception: pass                       # a CEL error or a value the fast path does not model
     o0 = rule0.evaluate(key, value, headers); o1 = rule1.evaluate(value)     # the exact outcomes
     if o0 is PASSED and o1 is PASSED: continue
-    if failed(index, (o0, o1)): return            # the plan's slow path; True when the batch is blocked
+    if failed(index, (o0, o1)): return True      # the plan's slow path; True when the batch is blocked
 
-Fast entry points (see :func:`kanal_dataquality.rules.fast_entry`): a CEL rule's generated function
-(True/False, or an exception where CEL semantics need the reference evaluator) and a JSON schema's
-``is_valid``. A record the fast path does not clearly pass goes through ``evaluate``, so the outcomes
-are the engines' own.
+The checks: a CEL rule's generated expression (True, False, or an exception where CEL semantics need
+the reference evaluator) and a JSON schema's generated check (True only for a conforming value, see
+:mod:`kanal_dataquality.jsonschema_fast`), both pasted into the loop (:mod:`kanal_dataquality.inline`)
+so that a passing record costs no call; a rule whose check cannot be pasted is called (the CEL
+function, jsonschema-rs ``is_valid``). A record no check clearly passes goes through ``evaluate``, so
+the outcomes are the engines' own.
+
+The walk reads what the gateway's codec reads, or gives up: a record whose length prefix disagrees with
+its fields, records that do not fill the batch, or a header section the loop walks that does not fill
+its record raise ``ValueError`` (or ``IndexError``), and the caller hands the batch to the codec.
 """
 
 from __future__ import annotations
@@ -32,11 +39,12 @@ from typing import Any
 
 import orjson
 
-from kanal.protocol.records import HEADER_SIZE, NONE, RecordBatch, decompress, read_zigzag
+from kanal.protocol.records import HEADER_SIZE, NONE, RecordBatch, decompress, read_zigzag, zigzag_bytes
 from kanal_dataquality.cel import PASSED, Outcome
 from kanal_dataquality.evaluate import NO_SCHEMA_ID, decode_key
+from kanal_dataquality.inline import inline
 from kanal_dataquality.policies import Plan
-from kanal_dataquality.rules import CEL_MODE, SCHEMA_MODE
+from kanal_dataquality.rules import CEL_MODE, SCHEMA_MODE, CompiledRule
 
 __all__ = ["Failed", "Scanner", "compile_scanner", "records_area"]
 
@@ -47,7 +55,7 @@ _EMPTY: dict[str, str] = {}
 
 
 def records_area(batch: RecordBatch) -> tuple[bytes, int]:
-    """(bytes, start) of a batch's records, decompressed."""
+    """(bytes, start) of a batch's records, decompressed; the records end with the bytes."""
     data = batch.to_bytes()
     codec = batch.compression
     if codec == NONE:
@@ -58,24 +66,45 @@ def records_area(batch: RecordBatch) -> tuple[bytes, int]:
 _zz = read_zigzag
 
 
-def _headers(b: bytes, p: int) -> dict[str, str]:
-    """The header section at ``b[p]`` as CEL's map of name to text (the last value wins)."""
-    x = b[p]
-    if x < 0x80:
-        count = (x >> 1) ^ -(x & 1)
+def _skip_varints(b: bytes, p: int, count: int) -> int:
+    """The position after ``count`` varints from ``b[p]``."""
+    for _ in range(count):
+        while b[p] & 0x80:
+            p += 1
         p += 1
-    else:
-        count, p = _zz(b, p)
+    return p
+
+
+def _headers(b: bytes, p: int, rend: int) -> dict[str, str]:
+    """The header section ``b[p:rend]`` as CEL's map of name to text (the last value wins)."""
+    count, p = _zz(b, p)
+    if count < 0:
+        raise ValueError("negative header count")
     out: dict[str, str] = {}
     for _ in range(count):
-        x = b[p]
-        if x < 0x80:
-            n = (x >> 1) ^ -(x & 1)
-            p += 1
-        else:
-            n, p = _zz(b, p)
+        n, p = _zz(b, p)
+        if n < 0:
+            raise ValueError("negative header key length")
         name = b[p : p + n].decode("utf-8", "surrogateescape")
         p += n
+        n, p = _zz(b, p)
+        if n < 0:
+            out[name] = ""
+        else:
+            out[name] = b[p : p + n].decode("utf-8", "replace")
+            p += n
+    if p != rend:
+        raise ValueError("record headers do not fill the record")
+    return out
+
+
+def _named_headers(b: bytes, p: int, rend: int, wanted: dict[bytes, str], lengths: frozenset[int]) -> dict[str, str]:
+    """Like :func:`_headers`, with only the ``wanted`` names decoded (the rules read no other)."""
+    count, p = _zz(b, p)
+    if count < 0:
+        raise ValueError("negative header count")
+    out: dict[str, str] = {}
+    for _ in range(count):
         x = b[p]
         if x < 0x80:
             n = (x >> 1) ^ -(x & 1)
@@ -83,29 +112,7 @@ def _headers(b: bytes, p: int) -> dict[str, str]:
         else:
             n, p = _zz(b, p)
         if n < 0:
-            out[name] = ""
-        else:
-            out[name] = b[p : p + n].decode("utf-8", "replace")
-            p += n
-    return out
-
-
-def _named_headers(b: bytes, p: int, wanted: dict[bytes, str], lengths: frozenset[int]) -> dict[str, str]:
-    """Like :func:`_headers`, with only the ``wanted`` names decoded (the rules read no other)."""
-    x = b[p]
-    if x < 0x80:
-        count = (x >> 1) ^ -(x & 1)
-        p += 1
-    else:
-        count, p = _zz(b, p)
-    out: dict[str, str] = {}
-    for _ in range(count):
-        x = b[p]
-        if x < 0x80:
-            n = (x >> 1) ^ -(x & 1)
-            p += 1
-        else:
-            n, p = _zz(b, p)
+            raise ValueError("negative header key length")
         name = wanted.get(b[p : p + n]) if n in lengths else None
         p += n
         x = b[p]
@@ -121,7 +128,14 @@ def _named_headers(b: bytes, p: int, wanted: dict[bytes, str], lengths: frozense
             if name is not None:
                 out[name] = b[p : p + n].decode("utf-8", "replace")
             p += n
+    if p != rend:
+        raise ValueError("record headers do not fill the record")
     return out
+
+
+def _one_header(b: bytes, p: int, rend: int, raw: bytes, name: str) -> dict[str, str]:
+    """:func:`_named_headers` for one name."""
+    return _named_headers(b, p, rend, {raw: name}, frozenset((len(raw),)))
 
 
 def _text_or_bytes(raw: bytes) -> Any:
@@ -131,89 +145,194 @@ def _text_or_bytes(raw: bytes) -> Any:
         return bytes(raw)
 
 
-# The record walk, inlined: record length (-> rend), attributes (1 byte), timestamp delta and offset
-# delta (varints, skipped), key length + key (a null key is the single byte 1), value length; the value
-# and the headers follow.
+# The record walk, inlined. Record length (-> rend), attributes (1 byte), timestamp delta and offset delta
+# (varints, skipped: the common 1-byte timestamp delta and 1- or 2-byte offset delta first), then the key:
+# a null key is the single byte 1.
 _WALK = """\
         x = b[p]
         if x < 0x80:
             rend = p + 1 + ((x >> 1) ^ -(x & 1))
             p += 2
-        elif b[p + 1] < 0x80:
-            n = (x & 0x7F) | (b[p + 1] << 7)
-            rend = p + 2 + ((n >> 1) ^ -(n & 1))
-            p += 3
+        else:
+            y = b[p + 1]
+            if y < 0x80:
+                n = (x & 0x7F) | (y << 7)
+                rend = p + 2 + ((n >> 1) ^ -(n & 1))
+                p += 3
+            else:
+                n, p = zz(b, p)
+                rend = p + n
+                p += 1
+        if b[p] < 0x80:
+            if b[p + 1] < 0x80:
+                p += 2
+            elif b[p + 2] < 0x80:
+                p += 3
+            else:
+                p = skip(b, p, 2)
+        else:
+            p = skip(b, p, 2)
+"""
+
+_KEY_SKIPPED = """\
+        if b[p] == 1:
+            p += 1
         else:
             n, p = zz(b, p)
-            rend = p + n
-            p += 1
-        if b[p] < 0x80 and b[p + 1] < 0x80:
-            p += 2
-        else:
-            while b[p] & 0x80:
-                p += 1
-            p += 1
-            while b[p] & 0x80:
-                p += 1
-            p += 1
+            if n > 0:
+                p += n
+"""
+
+_KEY_READ = """\
         if b[p] == 1:
-            kraw = None
             p += 1
+            key = None
         else:
             n, p = zz(b, p)
             if n < 0:
-                kraw = None
+                key = None
             else:
-                kraw = b[p : p + n]
+                key = decode_key(b[p : p + n])
                 p += n
+"""
+
+# The value length: 1 byte up to 63 bytes (and null, -1), 2 bytes up to 8191.
+_VALUE_LENGTH = """\
         x = b[p]
         if x < 0x80:
             n = (x >> 1) ^ -(x & 1)
             p += 1
-        elif b[p + 1] < 0x80:
-            n = (x & 0x7F) | (b[p + 1] << 7)
-            n = (n >> 1) ^ -(n & 1)
-            p += 2
         else:
-            n, p = zz(b, p)
+            y = b[p + 1]
+            if y < 0x80:
+                n = (x & 0x7F) | (y << 7)
+                n = (n >> 1) ^ -(n & 1)
+                p += 2
+            else:
+                n, p = zz(b, p)
+"""
+
+_VALUE_READ = """\
+        if n < 0:
+            value = None
+        else:
+            q = p + n
+            try:
+                value = loads(b[p:q])
+            except JSONDecodeError:
+                value = text_or_bytes(b[p:q])
+            p = q
+"""
+
+_VALUE_SKIPPED = """\
+        value = None
+        if n > 0:
+            p += n
+"""
+
+# The header section when no rule reads headers: checked against the record length, as the codec does.
+_HEADERS_SKIPPED = """\
+        if b[p] == 0:
+            if p + 1 != rend:
+                raise ValueError("record length mismatch")
+        elif rend > end or rend <= p:
+            raise ValueError("record length mismatch")
+        p = rend
+"""
+
+_HEADERS_READ = """\
+        if b[p] == 0:
+            if p + 1 != rend:
+                raise ValueError("record length mismatch")
+            headers = EMPTY
+        elif rend > end or rend <= p:
+            raise ValueError("record length mismatch")
+        else:
+            headers = {call}
+        p = rend
+"""
+
+# One header name: ``W`` is how it is written (its length varint, then its bytes); the first header's
+# name, when it is that one, ends at index ``WL`` of the section, its value starts at ``WV``. Those bytes
+# absent from the section: no such header. Present once, as the first header (after a positive one-byte
+# count) with a value of at most 63 bytes of valid UTF-8: that header, and no later one of that name.
+# Anything else: the walk. The headers not read are not parsed (nor does the codec parse a record's
+# headers before they are read).
+_HEADERS_ONE = """\
+        if b[p] == 0:
+            if p + 1 != rend:
+                raise ValueError("record length mismatch")
+            headers = EMPTY
+        elif rend > end or rend <= p:
+            raise ValueError("record length mismatch")
+        else:
+            hs = b[p:rend]
+            k = hs.count(W)
+            if k == 0:
+                headers = EMPTY
+            else:
+                x = hs[0]
+                headers = None
+                if k == 1 and x < 0x80 and not x & 1 and hs[1:WL] == W:
+                    x = hs[WL]
+                    if x < 0x80 and not x & 1:
+                        q = WV + (x >> 1)
+                        if q <= len(hs):
+                            try:
+                                headers = {NAME_ONE: hs[WV:q].decode()}
+                            except UnicodeDecodeError:
+                                pass
+                if headers is None:
+                    headers = one_header_at(b, p, rend, RAW_ONE, NAME_ONE)
+        p = rend
 """
 
 
 def compile_scanner(plan: Plan) -> Scanner:
-    """The record loop of one plan (EnforceAvro excluded: schema ids go through the registry path)."""
-    lines = ["def scan(b, p, count, failed):", "    for index in range(count):", _WALK.rstrip("\n")]
-    if plan.uses_value:
-        lines += [
-            "        if n < 0:",
-            "            value = None",
-            "        else:",
-            "            raw = b[p : p + n]",
-            "            p += n",
-            "            try:",
-            "                value = loads(raw)",
-            "            except JSONDecodeError:",
-            "                value = text_or_bytes(raw)",
-        ]
-    else:
-        lines += ["        value = None", "        if n > 0:", "            p += n"]
-    lines.append("        key = decode_key(kraw)" if plan.uses_key else "        key = None")
+    """The record loop of one plan (EnforceAvro excluded: schema ids go through the registry path).
+
+    The rules' checks are pasted in; should the loop not compile with them (an expression nested too
+    deep for the parser once inside the loop), they are called instead.
+    """
+    try:
+        return _build(plan, paste=True)
+    except (SyntaxError, RecursionError, MemoryError, ValueError):
+        return _build(plan, paste=False)
+
+
+def _build(plan: Plan, paste: bool) -> Scanner:
+    lines = ["def scan(b, p, count, failed):", "    end = len(b)", "    key = None", "    headers = EMPTY"]
+    lines += ["    for index in range(count):", _WALK]
+    lines.append(_KEY_READ if plan.uses_key else _KEY_SKIPPED)
+    lines.append(_VALUE_LENGTH)
+    lines.append(_VALUE_READ if plan.uses_value else _VALUE_SKIPPED)
+    wanted = {name.encode("utf-8", "surrogateescape"): name for name in plan.header_names or ()}
+    one = next((zigzag_bytes(len(raw)) + raw for raw in wanted), b"")
     if not plan.uses_headers:
-        lines.append("        headers = EMPTY")
+        lines.append(_HEADERS_SKIPPED)
     elif plan.header_names is None:
-        lines.append("        headers = headers_at(b, p)")
+        lines.append(_HEADERS_READ.format(call="headers_at(b, p, rend)"))
+    elif len(wanted) == 1:
+        lines.append(_HEADERS_ONE)
     else:
-        lines.append("        headers = named_headers_at(b, p, WANTED, LENGTHS)")
-    lines.append("        p = rend")
+        lines.append(_HEADERS_READ.format(call="named_headers_at(b, p, rend, WANTED, LENGTHS)"))
     namespace: dict[str, Any] = {
         "zz": _zz,
+        "skip": _skip_varints,
         "loads": orjson.loads,
         "JSONDecodeError": orjson.JSONDecodeError,
         "text_or_bytes": _text_or_bytes,
         "decode_key": decode_key,
         "headers_at": _headers,
         "named_headers_at": _named_headers,
-        "WANTED": {name.encode("utf-8", "surrogateescape"): name for name in plan.header_names or ()},
-        "LENGTHS": frozenset(len(name.encode("utf-8", "surrogateescape")) for name in plan.header_names or ()),
+        "one_header_at": _one_header,
+        "WANTED": wanted,
+        "LENGTHS": frozenset(len(raw) for raw in wanted),
+        "W": one,
+        "WL": len(one) + 1,
+        "WV": len(one) + 2,
+        "RAW_ONE": next(iter(wanted), b""),
+        "NAME_ONE": next(iter(wanted.values()), ""),
         "EMPTY": _EMPTY,
         "PASSED": PASSED,
         "NO_ID": Outcome(False, NO_SCHEMA_ID),
@@ -224,21 +343,12 @@ def compile_scanner(plan: Plan) -> Scanner:
     for i, (rule, (mode, evaluate)) in enumerate(zip(plan.rules, plan.calls, strict=True)):
         names.append(f"o{i}")
         namespace[f"f{i}"] = evaluate
-        entry = rule.fast
         if mode == CEL_MODE:
             exact.append(f"        o{i} = f{i}(key, value, headers)")
-            if entry is not None:
-                namespace[f"fast{i}"] = entry
-                fast_terms.append(f"fast{i}(key, value, headers) is True")
-            else:
-                fast_terms.append(f"f{i}(key, value, headers) is PASSED")
+            fast_terms.append(_check(rule, ("key", "value", "headers"), i, namespace, "is True", paste))
         elif mode == SCHEMA_MODE:
             exact.append(f"        o{i} = f{i}(value)")
-            if entry is not None:
-                namespace[f"fast{i}"] = entry
-                fast_terms.append(f"fast{i}(value)")
-            else:
-                fast_terms.append(f"f{i}(value) is PASSED")
+            fast_terms.append(_check(rule, ("value",), i, namespace, "", paste))
         else:
             exact.append(f"        o{i} = NO_ID")
             fast_terms.append("False")
@@ -253,8 +363,29 @@ def compile_scanner(plan: Plan) -> Scanner:
         "            continue",
         f"        if failed(index, ({', '.join(names)},)):",
         "            return True",
+        "    if p != end:",
+        "        raise ValueError('the records do not fill the batch')",
         "    return False",
     ]
-    exec(compile("\n".join(lines), f"<data-quality scan, {len(plan.rules)} rules>", "exec"), namespace)
+    source = "\n".join(line.rstrip("\n") for line in lines)
+    exec(compile(source, f"<data-quality scan, {len(plan.rules)} rules>", "exec"), namespace)
     scan: Scanner = namespace["scan"]
     return scan
+
+
+def _check(
+    rule: CompiledRule, params: tuple[str, ...], i: int, namespace: dict[str, Any], test: str, paste: bool
+) -> str:
+    """The loop's test that rule ``i`` passes: its check pasted in, else a call (else ``evaluate``)."""
+    args = ", ".join(params)
+    if paste and rule.inline is not None:
+        pasted = inline(*rule.inline, params, f"_r{i}")
+        if pasted is not None:
+            expression, names = pasted
+            namespace.update(names)
+            return f"{expression} {test}".rstrip()
+    fast = rule.fast
+    if fast is None:
+        return f"f{i}({args}) is PASSED"
+    namespace[f"fast{i}"] = fast
+    return f"fast{i}({args}) {test}".rstrip()

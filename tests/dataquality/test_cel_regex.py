@@ -8,7 +8,7 @@ import pytest
 import re2
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
-from kanal_dataquality.cel._regex import RegexError, compile_matcher, translate
+from kanal_dataquality.cel._regex import RegexError, compile_matcher, literal_texts, translate
 
 _OPTIONS: Any = re2.Options()
 _OPTIONS.log_errors = False
@@ -106,3 +106,34 @@ def test_python_re_agrees_with_re2(pattern: str, texts: list[str]) -> None:
         assert (matcher.re2(text) is not None) is expected
         if matcher.python is not None and (matcher.limit is None or len(text) <= matcher.limit):
             assert (matcher.python(text) is not None) is expected, (pattern, translate(pattern), text)
+        if matcher.literals is not None:
+            assert (text in matcher.literals) is expected, (pattern, matcher.literals, text)
+
+
+@pytest.mark.parametrize(
+    ("pattern", "texts"),
+    [
+        ("^(EUR|USD|GBP)$", {"EUR", "USD", "GBP"}),
+        ("^(?:a|b-c)$", {"a", "b-c"}),
+        ("^web$", {"web"}),
+        (r"^a\.b$", {"a.b"}),
+        ("^$", {""}),
+        ("^(|x)$", {"", "x"}),
+        ("^a|b$", None),  # ^a, or b$: not anchored on both sides
+        ("^(a)|(b)$", None),
+        ("^(a|b)c$", None),
+        (r"^a\$", None),  # an escaped $ is a literal, not the end
+        (r"^\d$", None),
+        ("^a.$", None),
+        ("^a+$", None),
+        ("^(?i)a$", None),
+        ("EUR", None),
+    ],
+)
+def test_literal_texts(pattern: str, texts: set[str] | None) -> None:
+    assert literal_texts(pattern) == (None if texts is None else frozenset(texts))
+    matcher = compile_matcher(pattern)
+    assert matcher.literals == literal_texts(pattern)
+    for text in ("EUR", "EURO", "a", "b-c", "web", "a.b", "axb", "", "x", "ac", "a$", "a\n"):
+        if texts is not None:
+            assert (text in texts) is re2_search(pattern, text), (pattern, text)

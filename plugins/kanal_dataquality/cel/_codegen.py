@@ -262,6 +262,8 @@ class _Gen:
                 raise Unsupported("matches() with a pattern that is not a literal")
             m = compile_matcher(pattern.value)
             self.matchers.append(m)
+            if m.literals is not None:  # ^(EUR|USD)$: exactly these texts
+                return f"({t} in {self.const(m.literals)} if ({t} := {recv}).__class__ is str else _E())", "bool"
             search = self.search_code(m, t)
             return f"({search} is not None if ({t} := {recv}).__class__ is str else _E())", "bool"
         if name in ("startsWith", "endsWith", "contains") and len(args) == 1:

@@ -34,7 +34,7 @@ from typing import Any
 
 import re2
 
-__all__ = ["Matcher", "RegexError", "compile_matcher", "translate"]
+__all__ = ["Matcher", "RegexError", "compile_matcher", "literal_texts", "translate"]
 
 _RE2_OPTIONS: Any = re2.Options()
 _RE2_OPTIONS.log_errors = False  # RE2 would print every rejected pattern to stderr through absl
@@ -61,6 +61,7 @@ class Matcher:
     re2: Search
     python: Search | None
     limit: int | None
+    literals: frozenset[str] | None = None  # the pattern matches exactly these texts (see literal_texts)
 
 
 @dataclass(frozen=True, slots=True)
@@ -255,6 +256,48 @@ def translate(pattern: str) -> tuple[str, int] | None:
     return "".join(t.text for t in toks), degree
 
 
+_SPECIAL = frozenset("\\.+*?()[]{}|^$")
+
+
+def literal_texts(pattern: str) -> frozenset[str] | None:
+    """The texts a pattern matches when it is ``^lit$``, ``^(lit|lit|...)$`` or ``^(?:lit|...)$`` with
+    plain literals (ordinary characters, escaped punctuation), else None.
+
+    In RE2 ``^`` and ``$`` are the start and end of the text, so such a pattern matches exactly its
+    literals: a set membership test gives the same answer as the search.
+    """
+    if len(pattern) < 2 or pattern[0] != "^" or pattern[-1] != "$":
+        return None
+    body = pattern[1:-1]
+    if body.startswith("(?:") and body.endswith(")"):
+        body, grouped = body[3:-1], True
+    elif body.startswith("(") and not body.startswith("(?") and body.endswith(")"):
+        body, grouped = body[1:-1], True
+    else:
+        grouped = False
+    texts: list[str] = []
+    current: list[str] = []
+    i = 0
+    while i < len(body):
+        c = body[i]
+        if c == "\\":
+            if i + 1 >= len(body) or not body[i + 1].isascii() or body[i + 1].isalnum() or body[i + 1] == "_":
+                return None  # a class (\\d), a control character, or a trailing backslash (an escaped $)
+            current.append(body[i + 1])
+            i += 2
+            continue
+        if c == "|" and grouped:
+            texts.append("".join(current))
+            current = []
+        elif c in _SPECIAL:
+            return None
+        else:
+            current.append(c)
+        i += 1
+    texts.append("".join(current))
+    return frozenset(texts)
+
+
 def compile_matcher(pattern: str) -> Matcher:
     """Compile a literal RE2 pattern for ``matches()``. Raises RegexError when RE2 rejects it."""
     try:
@@ -273,5 +316,6 @@ def compile_matcher(pattern: str) -> Matcher:
         except (re.error, Warning, RecursionError, OverflowError):
             pass
         else:
-            return Matcher(pattern, re2_search, python, _LENGTH_LIMITS[translated[1]])
+            limit = _LENGTH_LIMITS[translated[1]]
+            return Matcher(pattern, re2_search, python, limit, literal_texts(pattern))
     return Matcher(pattern, re2_search, None, 0)

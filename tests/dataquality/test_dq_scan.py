@@ -1,0 +1,152 @@
+"""The generated record loop against the gateway's codec: headers read by name, pasted rule checks.
+
+``scan_batches`` walks the batch bytes itself (``kanal_dataquality.scan``); ``evaluate`` on
+``RecordBatch.records()`` is the reference. Both must find the same violations.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from kanal_dataquality import scan
+from kanal_dataquality.evaluate import evaluate
+from kanal_dataquality.inline import inline
+from kanal_dataquality.interceptor import scan_batches
+from kanal_dataquality.policies import Plan, build_plan, compile_policy
+from kanal_dataquality.rules import compile_rule
+from kanal_dataquality.scan import compile_scanner
+
+from kanal.protocol.records import Record, RecordSet, encode_batch
+
+LONG = "h" * 70  # a name whose length takes a two-byte varint
+RULES = {
+    "web": compile_rule("web", {"type": "Cel", "celExpression": "headers['x-source'] == 'web'"}),
+    "long": compile_rule(
+        "long", {"type": "Cel", "celExpression": f"!('{LONG}' in headers) || headers['{LONG}'] != ''"}
+    ),
+    "amount": compile_rule("amount", {"type": "Cel", "celExpression": "value.amount > 0 && value.c in ['EUR', 'USD']"}),
+    "euro": compile_rule(
+        "euro", {"type": "Cel", "celExpression": "value.c.matches('^(EUR|GBP)$') && value.amount < 9"}
+    ),
+    "shape": compile_rule(
+        "shape",
+        {
+            "type": "JsonSchema",
+            "schema": {
+                "type": "object",
+                "required": ["amount", "c"],
+                "additionalProperties": False,
+                "properties": {"amount": {"type": "integer", "maximum": 8}, "c": {"enum": ["EUR", "USD"]}},
+            },
+        },
+    ),
+}
+
+
+def plan_of(*names: str, mark: bool = True) -> Plan:
+    manifest = {
+        "metadata": {"name": "p", "group": "g"},
+        "spec": {
+            "rules": list(names),
+            "targets": [{"cluster": "gateway", "topic": "t"}],
+            "actions": {"mark": {"enabled": mark}},
+        },
+    }
+    return build_plan([compile_policy(manifest, RULES, frozenset())])
+
+
+def violations(plan: Plan, data: bytes) -> tuple[list[Any], list[Any]]:
+    scanned = scan_batches(plan, RecordSet.parse(data).batches)
+    reference = evaluate(plan, RecordSet.parse(data).batches[0].records())
+    assert scanned.evaluated == reference.evaluated
+    return [(v.index, v.rules) for v in scanned.violations], [(v.index, v.rules) for v in reference.violations]
+
+
+_NAMES = st.sampled_from(["x-source", "x-sourcf", "a", LONG, "x", "\x10x-source"])
+_VALUES = st.sampled_from(
+    [None, b"", b"web", b"app", b"w" * 100, b"\xff\xfe", b"\x10x-sourceweb", b"\x06web", b"x-source"]
+)
+HEADERS = st.lists(st.tuples(_NAMES, _VALUES), max_size=4)
+
+
+@settings(max_examples=150, deadline=None)
+@given(records=st.lists(HEADERS, min_size=1, max_size=12), plan=st.sampled_from(["web", "long", "both"]))
+def test_headers_read_by_name_as_the_codec_reads_them(records: list[list[tuple[str, bytes | None]]], plan: str) -> None:
+    data = encode_batch(
+        [Record(offset_delta=i, value=b'{"amount": 1}', headers=h) for i, h in enumerate(records)],
+        base_timestamp=1,
+    )
+    names = ["web", "long"] if plan == "both" else [plan]
+    found, expected = violations(plan_of(*names), data)
+    assert found == expected
+
+
+def test_one_header_cases() -> None:
+    cases: list[list[tuple[str, bytes | None]]] = [
+        [],
+        [("x-source", b"web")],  # first and only: read without walking
+        [("x-source", b"app"), ("x-source", b"web")],  # the last value wins
+        [("x-source", b"web"), ("x-source", b"app")],
+        [("a", b"\x10x-source"), ("x-source", b"web")],  # the name's bytes inside another header first
+        [("x-source", b"w" * 100)],  # a value longer than 63 bytes: walked
+        [("x-source", None)],  # a null value is the empty string
+        [("b", b"1"), ("x-source", b"web")],
+    ]
+    data = encode_batch([Record(offset_delta=i, value=b"{}", headers=h) for i, h in enumerate(cases)], base_timestamp=1)
+    found, expected = violations(plan_of("web"), data)
+    assert found == expected == [(0, (0,)), (3, (0,)), (5, (0,)), (6, (0,))]
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    st.lists(
+        st.fixed_dictionaries(
+            {},
+            optional={
+                "amount": st.one_of(st.integers(-2, 10), st.floats(-2, 10), st.booleans(), st.none()),
+                "c": st.sampled_from(["EUR", "USD", "GBP", "", 1]),
+                "x": st.just(1),
+            },
+        ),
+        min_size=1,
+        max_size=20,
+    )
+)
+def test_pasted_checks_decide_as_the_engines(values: list[dict[str, Any]]) -> None:
+    data = encode_batch([Record(offset_delta=i, value=orjson.dumps(v)) for i, v in enumerate(values)], base_timestamp=1)
+    found, expected = violations(plan_of("amount", "euro", "shape"), data)
+    assert found == expected
+
+
+def test_rule_checks_are_pasted_into_the_loop() -> None:
+    plan = plan_of("amount", "euro", "shape", "web")
+    scan = compile_scanner(plan)
+    names = scan.__globals__
+    assert not any(n.startswith("fast") for n in names)  # no rule is called on the fast path
+    assert {"_r0_k2", "_r1_k2", "_r2_s3"} <= set(names)  # each rule's constants, under its own prefix
+
+
+def test_inline_renames_every_free_name() -> None:
+    rule = RULES["amount"]
+    assert rule.inline is not None
+    expression, names = inline(*rule.inline, ("key", "value", "headers"), "_r7")
+    assert "value['amount']" in expression and "_r7_E" in names
+    assert all(name.startswith("_r7") for name in names)
+    with_lambda = compile_rule("all", {"type": "Cel", "celExpression": "value.items.all(i, i > 0)"})
+    assert with_lambda.inline is not None
+    assert inline(*with_lambda.inline, ("key", "value", "headers"), "_r0") is None  # a scope of its own: called
+
+
+def test_a_loop_that_does_not_compile_with_pasted_checks_calls_them(monkeypatch: pytest.MonkeyPatch) -> None:
+    deep = "(" * 300 + "True" + ")" * 300  # beyond the parser's nesting limit once inside the loop
+    monkeypatch.setattr(scan, "inline", lambda *args: (deep, {}))
+    plan = plan_of("amount", "shape")
+    loop = scan.compile_scanner(plan)
+    assert {"fast0", "fast1"} <= set(loop.__globals__)
+    data = encode_batch([Record(offset_delta=0, value=b'{"amount": 0, "c": "EUR"}')], base_timestamp=1)
+    found, expected = violations(plan, data)
+    assert found == expected == [(0, (0,))]
