@@ -100,11 +100,13 @@ def _helper_cpu(pid: int) -> float:
 
 def _consume(stack: Stack, topic: str, expected: int, scanned: int, label: str, report: Report | None) -> str:
     assert stack.gateway is not None
-    pid = stack.pids()["gateway"]
-    cpu0, helper0 = cpu_seconds(pid), _helper_cpu(pid)
+    pids = stack.pids()
+    pid, broker = pids["gateway"], pids["broker"]
+    cpu0, helper0, broker0 = cpu_seconds(pid), _helper_cpu(pid), cpu_seconds(broker)
     result = run_worker("consume", bootstrap=stack.bootstrap("gateway"), topic=topic, records=expected, partitions=1)
     cpu = cpu_seconds(pid) - cpu0
     helper = _helper_cpu(pid) - helper0
+    broker_cpu = cpu_seconds(broker) - broker0
     seconds = result["seconds"]
     path = "direct" if label == "passthrough" else "gateway"
     if report is not None:
@@ -113,6 +115,10 @@ def _consume(stack: Stack, topic: str, expected: int, scanned: int, label: str, 
         report.metric("records delivered", "rec/s").add(path, result["records"] / seconds)
         report.metric("gateway CPU per run", "s").add(path, cpu)
         report.metric("helper process CPU per run", "s").add(path, helper)
+        report.metric("broker CPU per run", "s").add(path, broker_cpu)
+        report.metric("client CPU per run", "s").add(path, result["cpu"])
+        # every process of the machine while the client consumed: ours, and other work on the same cores
+        report.metric("machine busy (all processes)", "cores").add(path, result["machine_busy"])
     return f"{label}: {scanned / seconds:,.0f} input rec/s ({result['records']:,} delivered in {seconds:.2f}s)"
 
 

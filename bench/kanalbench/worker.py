@@ -104,6 +104,7 @@ def consume(bootstrap: str, topic: str, records: int, partitions: int = 1, timeo
         count = 0
         nbytes = 0
         start = time.perf_counter()
+        cpu_start, busy_start = time.process_time(), machine_busy()
         deadline = start + timeout
         consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in range(partitions)])
         while count < records:
@@ -116,9 +117,22 @@ def consume(bootstrap: str, topic: str, records: int, partitions: int = 1, timeo
             if time.perf_counter() > deadline:
                 raise RuntimeError(f"consume timed out with {count} of {records} records")
         seconds = time.perf_counter() - start
+        cpu = time.process_time() - cpu_start  # every thread of the client, librdkafka's included
+        busy = (machine_busy() - busy_start) / seconds
     finally:
         consumer.close()
-    return {"seconds": seconds, "records": count, "bytes": nbytes}
+    return {"seconds": seconds, "records": count, "bytes": nbytes, "cpu": cpu, "machine_busy": busy}
+
+
+def machine_busy() -> float:
+    """CPU seconds the whole machine (every core, every process) has been busy so far (Linux)."""
+    try:
+        with open("/proc/stat") as f:
+            fields = [int(x) for x in f.readline().split()[1:]]
+    except OSError:
+        return 0.0
+    idle = fields[3] + fields[4]  # idle, iowait
+    return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
 
 
 def percentile(sorted_values: list[float], q: float) -> float:

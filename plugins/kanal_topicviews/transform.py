@@ -20,9 +20,12 @@ truncated last batch); the output is the same field as the view's consumer must 
 
 Why this is not written with :class:`kanal.protocol.records.RecordBatch`: a view rewrites every
 record of every batch it serves, and building a ``Record`` object per record then re-encoding it
-costs about twice as much as the single pass below, which reads each record's framing, hands the
-value to the compiled statement and writes the kept record from slices of the original bytes (only
-the value is new). The wire format is Kafka's (magic 2); compression goes through the core's codecs.
+costs about twice as much as a single pass that reads each record's framing, hands the value to the
+compiled statement and writes the kept record from slices of the original bytes (only the value is
+new). Two such passes exist: the loop generated per view with the statement inlined
+(:mod:`kanal_topicviews.fastloop`: JSON values, no record metadata, the batch not cut by the fetch
+offset), and the general loop below for everything else. The wire format is Kafka's (magic 2);
+compression goes through the core's codecs.
 """
 
 from __future__ import annotations
@@ -45,6 +48,7 @@ from kanal.protocol.records import (
     zigzag_bytes,
 )
 
+from . import fastloop
 from .sql import KEEP, CompiledView, RecordMeta, ViewContext, now_context
 
 __all__ = ["FetchFailed", "Transformer", "next_offset"]
@@ -112,25 +116,30 @@ Decode = Callable[[bytes], Any]
 class Transformer:
     """Applies one compiled view to fetched partitions. ``drop``: onError DROP (else FAIL_FETCH).
     ``decode`` turns a value's bytes into the JSON-like value the statement reads (default: JSON);
-    with a decoder, the output is always JSON (a kept ``SELECT *`` record is re-encoded)."""
+    with a decoder, the output is always JSON (a kept ``SELECT *`` record is re-encoded).
+    ``inline=False`` keeps every batch on the general loop (the tests compare the two loops)."""
 
-    __slots__ = ("_decode", "_drop", "_fast", "_meta", "_tf", "_uses_now", "splittable")
+    __slots__ = ("_decode", "_drop", "_loop", "_meta", "_tf", "_uses_now", "splittable")
 
-    def __init__(self, sql: CompiledView, drop: bool, decode: Decode | None = None) -> None:
+    def __init__(self, sql: CompiledView, drop: bool, decode: Decode | None = None, *, inline: bool = True) -> None:
         self._tf = sql.transform
         self._drop = drop
         self._decode = decode
         self._meta = sql.needs_meta
         self._uses_now = sql.uses_now
-        # The single tight loop: JSON values, no record metadata.
-        self._fast = decode is None and sql.needs_value and not sql.needs_meta
+        # The generated loop with the statement inlined (see fastloop): JSON values, no record metadata.
+        self._loop = fastloop.build(sql, drop, _bad) if decode is None and inline else None
         #: whether a helper process can run it (it rebuilds it from the statement): JSON views only
         self.splittable = decode is None
 
-    def fetch(self, data: bytes, partition: int, fetch_offset: int) -> bytes:
-        """The records field for the view's consumer. Raises :class:`FetchFailed` (FAIL_FETCH)."""
+    def fetch(self, data: bytes, partition: int, fetch_offset: int, stop: int | None = None) -> bytes:
+        """The records field for the view's consumer. Raises :class:`FetchFailed` (FAIL_FETCH).
+
+        With ``stop`` (a batch boundary), only the batches before it: the helper process does the
+        rest, and the part is not copied out first. ``data`` itself is returned when nothing
+        changed (with ``stop``: the answer is then ``data[:stop]``)."""
         ctx = now_context() if self._uses_now else None
-        n = len(data)
+        n = len(data) if stop is None else stop
         pos = 0
         out: list[bytes | memoryview] = []
         view = memoryview(data)
@@ -168,7 +177,7 @@ class Transformer:
         if not changed:
             return data
         if pos < n:
-            out.append(view[pos:])
+            out.append(view[pos:n])
         return b"".join(out)
 
     def _batch(
@@ -190,8 +199,8 @@ class Transformer:
             return self._unreadable(h, min_delta, f"the record batch cannot be decompressed: {exc}")
         out = bytearray()
         try:
-            if self._fast and min_delta <= 0:
-                kept, edited = self._fast_loop(body, start, stop, count, out, ctx)
+            if self._loop is not None and min_delta <= 0:
+                kept, edited = self._loop(body, start, stop, count, out, ctx)
             else:
                 kept, edited = self._general(body, start, stop, count, out, ctx, h, partition, max(min_delta, 0))
         except IndexError:
@@ -208,97 +217,6 @@ class Transformer:
         if not self._drop:
             raise _Bad(max(min_delta, 0), reason)
         return _assemble(h, h[5], h[6], b"", 0)
-
-    def _fast_loop(
-        self, b: bytes, p: int, stop: int, count: int, out: bytearray, ctx: ViewContext | None
-    ) -> tuple[int, bool]:
-        """JSON values, no metadata: the loop every projection-and-filter view runs.
-
-        Kept records are appended to ``out`` at once, so every per-record object (orjson's output
-        buffer above all, which is costly to keep alive) is freed before the next record."""
-        loads = orjson.loads
-        dumps = orjson.dumps
-        tf = self._tf
-        drop = self._drop
-        zzt = _ZZ
-        zn = _ZZ_N
-        zz = _zz
-        keep = KEEP
-        kept = 0
-        edited = False
-        for _ in range(count):
-            # Lengths of records and values are never below -1: a zigzag varint of one or two bytes
-            # above 1 is an even number, the length twice (the CRC was checked; the end is too).
-            rec = p
-            x = b[p]
-            if x < 0x80:
-                rend = p + 1 + (x >> 1)
-                p += 1
-            elif b[p + 1] < 0x80:
-                rend = p + 2 + (((x & 0x7F) | (b[p + 1] << 7)) >> 1)
-                p += 2
-            else:
-                n, p = zz(b, p)
-                rend = p + n
-            q = p + 1  # attributes
-            while b[q] > 0x7F:  # timestamp delta
-                q += 1
-            q += 1
-            while b[q] > 0x7F:  # offset delta
-                q += 1
-            q += 1
-            x = b[q]  # key length
-            if x < 0x80:
-                n = (x >> 1) ^ -(x & 1)
-                q += 1
-            else:
-                n, q = zz(b, q)
-            if n > 0:
-                q += n
-            head = q
-            x = b[q]  # value length
-            if x == 1:  # null (a tombstone)
-                q += 1
-                vend = q
-                value = None
-            else:
-                if x < 0x80:
-                    vend = q + 1 + (x >> 1)
-                    q += 1
-                elif b[q + 1] < 0x80:
-                    vend = q + 2 + (((x & 0x7F) | (b[q + 1] << 7)) >> 1)
-                    q += 2
-                else:
-                    n, q = zz(b, q)
-                    vend = q + n
-                value = b[q:vend]
-            try:
-                result = tf(loads(value) if value is not None else None, None, ctx)
-                if result is None:
-                    edited = True
-                elif result is keep:
-                    out += b[rec:rend]
-                    kept += 1
-                else:
-                    nv = dumps(result)
-                    ln = len(nv)
-                    vl = zzt[ln + 1] if ln < zn else _varint(ln)
-                    size = head - p + len(vl) + ln + rend - vend
-                    out += zzt[size + 1] if size < zn else _varint(size)
-                    out += b[p:head]
-                    out += vl
-                    out += nv
-                    out += b[vend:rend]
-                    kept += 1
-                    edited = True
-            except (ValueError, TypeError) as exc:
-                if not drop:
-                    raise _Bad(_zz(b, _skip(b, p + 1))[0], _reason(exc), kept) from None
-                edited = True
-            p = rend
-        if p != stop:
-            raise IndexError("records do not fill the batch")
-        return kept, edited
 
     def _general(
         self,
@@ -395,6 +313,11 @@ def next_offset(data: bytes) -> int | None:
             last = base_offset + 1
         pos = end
     return last
+
+
+def _bad(b: bytes, p: int, exc: BaseException, kept: int) -> _Bad:
+    """The failure of the record whose length ends at ``p`` (FAIL_FETCH), for the generated loops."""
+    return _Bad(_zz(b, _skip(b, p + 1))[0], _reason(exc), kept)
 
 
 def _skip(b: bytes, q: int) -> int:

@@ -480,7 +480,7 @@ def test_next_offset_and_split_point() -> None:
 
 def test_the_helper_process_gives_what_the_gateway_would() -> None:
     import trio
-    from kanal_topicviews.pool import HelperPool
+    from kanal_topicviews.pool import HelperPool, split_point
 
     values = [order(i, i * 37 % 1000, "EUR" if i % 3 else "USD") for i in range(2000)]
     good = b"".join(batch(values[i : i + 200], base_offset=i) for i in range(0, 2000, 200))
@@ -493,12 +493,19 @@ def test_the_helper_process_gives_what_the_gateway_would() -> None:
         import kanal_topicviews.pool as pool_module
 
         pool = HelperPool()
-        old = pool_module.MIN_SPLIT
+        old = pool_module.MIN_SPLIT, pool_module._MAP_STEP
         pool_module.MIN_SPLIT = 1024  # type: ignore[misc]
+        pool_module._MAP_STEP = 4096  # type: ignore[misc]  # the shared memory grows with the chunks
         try:
+            keep_all = view(statement="SELECT * FROM orders WHERE amount >= 0")
+            assert await pool.fetch(keep_all.transformer, keep_all.statement, True, good, 0, 0) is good
             for on_error in ("DROP", "FAIL_FETCH"):
                 v = view(on_error=on_error)
                 drop = on_error == "DROP"
+                small = good[: split_point(good, 0.3)]
+                assert await pool.fetch(v.transformer, v.statement, drop, small, 0, 0) == v.transformer.fetch(
+                    small, 0, 0
+                )
                 assert await pool.fetch(v.transformer, v.statement, drop, good, 0, 0) == v.transformer.fetch(good, 0, 0)
                 assert pool.started
                 if drop:
@@ -520,7 +527,7 @@ def test_the_helper_process_gives_what_the_gateway_would() -> None:
                 )
                 assert local.value.records is not None and records_of(split.value.records)[-1][0] < 1500
         finally:
-            pool_module.MIN_SPLIT = old  # type: ignore[misc]
+            pool_module.MIN_SPLIT, pool_module._MAP_STEP = old  # type: ignore[misc]
             pool.close()
 
     trio.run(main)

@@ -26,7 +26,8 @@ import itertools
 import keyword
 import re
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from . import runtime
@@ -54,7 +55,7 @@ from .ir import (
     walk,
 )
 
-__all__ = ["TransformFn", "generate"]
+__all__ = ["Body", "TransformFn", "generate", "view_source"]
 
 TransformFn = Callable[[Any, Any, Any], Any]
 
@@ -182,7 +183,7 @@ class _Gen:
 
     # -- the function
 
-    def source(self) -> str:
+    def body(self) -> Body:
         q = self.q
         where_exprs = walk(q.where) if q.where is not None else []
         col_exprs = [x for c in q.columns for x in walk(c.expr)]
@@ -192,9 +193,9 @@ class _Gen:
         in_where = {p for parts in where_paths for p in _prefixes(parts)}
         needs_value = self.needs_value = bool(where_paths or col_paths) or (q.star and bool(q.columns))
 
-        lines = ["def _view(v, m, ctx):"]
+        setup: list[str] = []
         if needs_value:
-            lines.append("    if v.__class__ is not dict: _not_object(v)")
+            setup.append("if v.__class__ is not dict: _not_object(v)")
         metas = {x for x in where_exprs + col_exprs if isinstance(x, Meta)}
         for meta in sorted(metas, key=lambda x: (x.field, x.name, repr(x.parts))):
             key = (meta.field, meta.name)
@@ -203,25 +204,22 @@ class _Gen:
             name = f"_m{len(self.meta_locals) + 1}"
             self.meta_locals[key] = name
             if meta.field == "key":
-                lines.append(f"    {name} = _key_text(m.key)")
+                setup.append(f"{name} = _key_text(m.key)")
             elif meta.field == "keyjson":
-                lines.append(f"    {name} = _key_json(m.key)")
+                setup.append(f"{name} = _key_json(m.key)")
             elif meta.field == "header":
-                lines.append(f"    {name} = _header(m.headers, {meta.name!r})")
+                setup.append(f"{name} = _header(m.headers, {meta.name!r})")
             else:
-                lines.append(f"    {name} = m.{meta.field}")
+                setup.append(f"{name} = m.{meta.field}")
 
         hoist = sorted((p for p, n in counts.items() if n >= 2), key=len)
         for prefix in hoist:
             if prefix in in_where:
-                lines.append(self.hoist(prefix))
-        if q.where is not None:
-            lines.append(f"    if not {self.test(q.where, True)}: return None")
-        for prefix in hoist:
-            if prefix not in in_where:
-                lines.append(self.hoist(prefix))
+                setup.append(self.hoist(prefix))
+        condition = self.test(q.where, True) if q.where is not None else None
+        rest = [self.hoist(prefix) for prefix in hoist if prefix not in in_where]
         if q.star and not q.columns:
-            lines.append("    return KEEP")
+            result = "KEEP"
         else:
             items = []
             for col in q.columns:
@@ -229,17 +227,17 @@ class _Gen:
                 if _may_be_temporal(col.expr):
                     code = f"_out({code})"
                 items.append(f"{col.name!r}: {code}")
-            body = ", ".join(items)
+            members = ", ".join(items)
             if q.star:
-                body = "**v, " + body
-            lines.append(f"    return {{{body}}}")
-        return "\n".join(lines) + "\n"
+                members = "**v, " + members
+            result = f"{{{members}}}"
+        return Body(tuple(setup), condition, tuple(rest), result, self.globals)
 
     def hoist(self, prefix: tuple[PathPart, ...]) -> str:
         name = f"_p{len(self.locals) + 1}"
         code = self.path_code(prefix)
         self.locals[prefix] = name
-        return f"    {name} = {code}"
+        return f"{name} = {code}"
 
     # -- values
 
@@ -431,14 +429,45 @@ class _Gen:
         return f"(_in({self.val(e.operand)}, ({vals})) is {want!r})"
 
 
+@dataclass(frozen=True, slots=True)
+class Body:
+    """The generated statement in parts (unindented lines), so that a record loop can inline it
+    instead of calling ``_view`` once per record (the fetch path does, see ``kanal_topicviews.fastloop``).
+
+    The code reads the value as ``v``, the metadata as ``m`` and the batch context as ``ctx``; its
+    other names (helpers, constants) are in ``names``. ``setup`` runs first (it raises
+    ``ViewRecordError`` for a value that is not an object), the record is kept when ``condition``
+    (None: no WHERE) is true, then ``rest`` runs and ``result`` is ``KEEP`` or the projection."""
+
+    setup: tuple[str, ...]
+    condition: str | None
+    rest: tuple[str, ...]
+    result: str
+    names: Mapping[str, Any]
+
+
+def view_source(body: Body) -> str:
+    """The source of ``_view(v, m, ctx)``: None (filtered out), ``KEEP`` or the projected dict."""
+    lines = ["def _view(v, m, ctx):"]
+    lines += [f"    {line}" for line in body.setup]
+    if body.condition is not None:
+        lines.append(f"    if not {body.condition}: return None")
+    lines += [f"    {line}" for line in body.rest]
+    lines.append(f"    return {body.result}")
+    return "\n".join(lines) + "\n"
+
+
 class Generated:
     """The source and the compiled function of one view, with what the function reads."""
 
-    __slots__ = ("fn", "needs_meta", "needs_value", "source", "uses_now")
+    __slots__ = ("body", "fn", "needs_meta", "needs_value", "source", "uses_now")
 
-    def __init__(self, fn: TransformFn, source: str, needs_value: bool, needs_meta: bool, uses_now: bool) -> None:
+    def __init__(
+        self, fn: TransformFn, source: str, body: Body, needs_value: bool, needs_meta: bool, uses_now: bool
+    ) -> None:
         self.fn = fn
         self.source = source
+        self.body = body
         self.needs_value = needs_value
         self.needs_meta = needs_meta
         self.uses_now = uses_now
@@ -447,12 +476,13 @@ class Generated:
 def generate(query: Query) -> Generated:
     """Generate and compile the view function of ``query``."""
     gen = _Gen(query)
-    src = gen.source()
+    body = gen.body()
+    src = view_source(body)
     try:
         code = compile(src, f"<kanal view #{next(_counter)} FROM {query.topic}>", "exec")
     except (SyntaxError, RecursionError, MemoryError):  # Python's limits on nesting
         raise ViewSqlError("invalid SQL: statement nested too deeply") from None
-    namespace = gen.globals
+    namespace = dict(gen.globals)
     exec(code, namespace)
     exprs = [x for c in query.columns for x in walk(c.expr)]
     if query.where is not None:
@@ -460,6 +490,7 @@ def generate(query: Query) -> Generated:
     return Generated(
         fn=namespace["_view"],
         source=src,
+        body=body,
         needs_value=gen.needs_value,
         needs_meta=any(isinstance(x, Meta) for x in exprs),
         uses_now=any(isinstance(x, Now) for x in exprs),

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .codegen import TransformFn, generate
+from .codegen import Body, TransformFn, generate
 from .errors import ViewSqlError
 from .ir import Query
 from .parse import parse_view
@@ -26,9 +26,12 @@ class CompiledView:
 
     It raises ``ViewRecordError`` when the view reads the value and the value is not a JSON object;
     the caller applies ``onError`` to that record (as to a value that is not JSON at all).
+
+    ``body`` is the same code in parts, for loops that inline it (``kanal_topicviews.fastloop``).
     """
 
     __slots__ = (
+        "body",
         "columns",
         "needs_meta",
         "needs_value",
@@ -51,6 +54,7 @@ class CompiledView:
     source: str
     query: Query
     transform: TransformFn
+    body: Body
 
     def __init__(self, query: Query) -> None:
         gen = generate(query)
@@ -64,6 +68,7 @@ class CompiledView:
         self.uses_now = gen.uses_now
         self.source = gen.source
         self.transform = gen.fn
+        self.body = gen.body
 
     def __repr__(self) -> str:
         return f"CompiledView({self.statement!r})"
