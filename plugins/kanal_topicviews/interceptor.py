@@ -93,6 +93,8 @@ class TopicViewsInterceptor(Interceptor):
         }
     )
     response_api_keys: ClassVar[frozenset[int] | None] = request_api_keys
+    # Only the responses to requests naming a view are rewritten: the others are not decoded.
+    responses_on_demand: ClassVar[bool] = True
 
     def __init__(self, config: Mapping[str, Any]) -> None:
         super().__init__(config)
@@ -176,6 +178,7 @@ class TopicViewsInterceptor(Interceptor):
             plans.clear()
         plans[ctx.correlation_id] = plan
         ctx.request = request
+        ctx.want_response()
         return None
 
     async def _resolve_ids(self, ctx: RequestContext, keys: Any) -> None:

@@ -43,6 +43,8 @@ class Setup:
     def __init__(self, broker: TansuBroker, bootstrap: str, uid: str) -> None:
         self.broker = broker
         self.bootstrap = bootstrap
+        self.uid = uid
+        self.gateway: Any = None
         self.orders = f"orders-{uid}"
         self.dirty = f"dirty-{uid}"
         self.eur = f"eur-{uid}"  # amount > 300 AND currency = 'EUR', 3 fields
@@ -113,6 +115,7 @@ def setup(tansu: TansuBroker) -> Iterator[Setup]:
         )
         assert {st.state for st in statuses.values()} == {"Ready"}
         s.bootstrap = bootstrap_of(gateway)
+        s.gateway = gateway
         yield s
 
 
@@ -359,3 +362,22 @@ def test_one_consumer_reads_a_view_and_its_input_topic_together(setup: Setup) ->
         by_topic.setdefault(m.topic(), set()).add((m.partition(), m.offset()))
     assert by_topic[setup.eur] == expected
     assert len(by_topic[setup.orders]) == RECORDS
+
+
+def test_topics_without_a_view_keep_the_fast_path(setup: Setup) -> None:
+    """Fetch responses for topics no view reads are not decoded: large ones are forwarded while
+    they arrive, as without any view."""
+    plain = f"plain-{setup.uid}"
+    admin = AdminClient({"bootstrap.servers": setup.broker.bootstrap})
+    for future in admin.create_topics([NewTopic(plain, 1, 1)]).values():
+        future.result(15)
+    producer = Producer({"bootstrap.servers": setup.broker.bootstrap, "linger.ms": 20, "batch.size": 1_000_000})
+    values = [bytes([i % 251]) * 2000 for i in range(1500)]  # 3 MB: Fetch responses above 256 KiB
+    for value in values:
+        producer.produce(plain, value, partition=0)
+    assert producer.flush(15) == 0
+    before = setup.gateway.metrics.registry.get_sample_value("gateway_streamed_responses_total", {"api_key": "Fetch"})
+    got = consume_confluent(setup.bootstrap, [plain], len(values), partitions=1)
+    assert [m.value() for m in got] == values
+    after = setup.gateway.metrics.registry.get_sample_value("gateway_streamed_responses_total", {"api_key": "Fetch"})
+    assert (after or 0) > (before or 0)

@@ -43,10 +43,33 @@ class BadHook(Interceptor):
         return None
 
 
+class FetchWatcher(Interceptor):
+    """Sees every Fetch response (decoded for each one)."""
+
+    plugin_name = "fetch-watcher"
+    response_api_keys = frozenset({1})
+
+    @hookimpl
+    def kanal_response(self, ctx: Any) -> Any:
+        return None
+
+
+class OnDemand(FetchWatcher):
+    """Sees the Fetch responses its request hook asked for."""
+
+    plugin_name = "on-demand"
+    request_api_keys = frozenset({1})
+    responses_on_demand = True
+
+    @hookimpl
+    def kanal_request(self, ctx: Any) -> Any:
+        return None
+
+
 class Plugin:
     @hookimpl
     def kanal_interceptor_types(self) -> list[type[Interceptor]]:
-        return [Recorder, Catchall, BadHook]
+        return [Recorder, Catchall, BadHook, FetchWatcher, OnDemand]
 
 
 @pytest.fixture
@@ -105,6 +128,18 @@ def test_a_catchall_does_not_widen_what_narrow_interceptors_see(pipeline: Pipeli
     assert names == ["Recorder", "Catchall"]  # both, in priority order
 
 
+def test_responses_on_demand_are_not_decoded_for_every_request(pipeline: Pipeline) -> None:
+    pipeline.configure([InterceptorSpec(name="views", plugin="on-demand")])
+    chain = pipeline.resolve()
+    assert len(chain.responses_for(1)) == 1 and not chain.decode_response(1)
+    assert chain.decode_request(1)  # its request hook decides, per request, with ctx.want_response()
+    pipeline.configure(
+        [InterceptorSpec(name="views", plugin="on-demand"), InterceptorSpec(name="w", plugin="fetch-watcher")]
+    )
+    chain = pipeline.resolve()
+    assert len(chain.responses_for(1)) == 2 and chain.decode_response(1)  # the watcher needs them all
+
+
 class Misspelt(Interceptor):
     plugin_name = "misspelt"
 
@@ -135,7 +170,9 @@ def test_configure_is_all_or_nothing(pipeline: Pipeline) -> None:
 
 
 def test_unknown_plugin_lists_the_known_ones(pipeline: Pipeline) -> None:
-    with pytest.raises(InterceptorConfigError, match=r"unknown plugin 'nope'.*catchall, recorder"):
+    with pytest.raises(
+        InterceptorConfigError, match=r"unknown plugin 'nope'.*catchall, fetch-watcher, on-demand, recorder"
+    ):
         pipeline.configure([InterceptorSpec(name="x", plugin="nope")])
 
 

@@ -403,7 +403,7 @@ class ClientConnection:
             version,
             header.client_id,
             started=started,
-            decode=_needs_response_decode(chain, api_key, version),
+            decode=ctx.response_wanted or _needs_response_decode(chain, api_key, version),
         )
         if result is None and api_key == ApiKey.PRODUCE and chain.produce_records:
             ctx.request = await self._produce_records(ctx, chain, pending)

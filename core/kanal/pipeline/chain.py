@@ -78,6 +78,7 @@ class ResolvedChain:
     fetch_records: list[Hook] = field(default_factory=list)
     _requests: dict[int, list[Hook]] = field(default_factory=dict)
     _responses: dict[int, list[Hook]] = field(default_factory=dict)
+    _always_decoded: dict[int, bool] = field(default_factory=dict)
 
     def requests_for(self, api_key: int) -> list[Hook]:
         """The ``kanal_request`` hooks that asked for this API, in priority order."""
@@ -116,10 +117,17 @@ class ResolvedChain:
         return bool(self.requests_for(api_key))
 
     def decode_response(self, api_key: int) -> bool:
-        """Whether responses of this API must be decoded for a hook (core rules come on top)."""
+        """Whether every response of this API must be decoded for a hook (core rules and
+        responses asked for by a request hook come on top)."""
         if api_key == ApiKey.FETCH and self.fetch_records:
             return True
-        return bool(self.responses_for(api_key))
+        always = self._always_decoded.get(api_key)
+        if always is None:
+            owners = {getattr(hook, "__self__", None) for hook in self.responses_for(api_key)}
+            always = self._always_decoded[api_key] = any(
+                not type(item.instance).responses_on_demand for item in self.interceptors if item.instance in owners
+            )
+        return always
 
 
 def _build(interceptors: Sequence[Configured]) -> ResolvedChain:

@@ -38,6 +38,12 @@ class RequestContext:
     client_id: str | None
     request: Any
     topic_names: TopicNames
+    response_wanted: bool = False
+
+    def want_response(self) -> None:
+        """Asks for this request's response to be decoded and given to the response hooks (for
+        interceptors with ``responses_on_demand``; others see every response they declared)."""
+        self.response_wanted = True
 
 
 @dataclass(slots=True, eq=False)

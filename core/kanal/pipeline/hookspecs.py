@@ -123,14 +123,18 @@ class InterceptorHooks:
         library understands, or :class:`Close` to close the connection.
 
         A request for which the client expects no response (Produce with acks=0) is dropped
-        silently when a hook answers it.
+        silently when a hook answers it. An interceptor with ``responses_on_demand`` calls
+        ``ctx.want_response()`` here for the requests whose responses its ``kanal_response``
+        must see.
         """
 
     @hookspec
     def kanal_response(self, ctx: ResponseContext) -> ResponseResult:
         """A response arrived from the upstream broker and was decoded; the client has not seen it.
 
-        Called only for the API keys in ``response_api_keys``. The hook may replace
+        Called only for the API keys in ``response_api_keys``; for an interceptor with
+        ``responses_on_demand``, for the responses its ``kanal_request`` asked for and for those
+        another hook or a core rule had decoded anyway. The hook may replace
         ``ctx.response``, return :class:`Respond` to send another response instead, or
         :class:`Close`. Broker addresses have already been rewritten to the gateway's.
         """

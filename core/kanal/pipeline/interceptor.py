@@ -17,7 +17,9 @@ class Interceptor:
 
     ``request_api_keys`` and ``response_api_keys`` say which APIs ``kanal_request`` and
     ``kanal_response`` want; everything else stays opaque bytes, which is what keeps the
-    gateway fast.
+    gateway fast. With ``responses_on_demand``, a response is decoded for this interceptor only
+    when its ``kanal_request`` asked for it (``ctx.want_response()``): an interceptor that changes
+    a few requests then costs nothing on the responses to all the others.
     """
 
     plugin_name: ClassVar[str] = ""
@@ -25,6 +27,7 @@ class Interceptor:
     config_schema: ClassVar[Mapping[str, Any] | None] = None
     request_api_keys: ClassVar[frozenset[int] | None] = frozenset()
     response_api_keys: ClassVar[frozenset[int] | None] = frozenset()
+    responses_on_demand: ClassVar[bool] = False
 
     def __init__(self, config: Mapping[str, Any]) -> None:
         self.config = dict(config)
