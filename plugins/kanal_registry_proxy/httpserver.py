@@ -12,7 +12,8 @@ minimal ASGI bridge.
 What it accepts: HTTP/1.0 and 1.1, ``Content-Length`` or chunked request bodies (both together is
 refused, as request smuggling), ``Expect: 100-continue``, pipelined requests (answered in order),
 heads up to 64 KiB with at most 100 headers, bodies up to 16 MiB. Malformed requests get 400 and the
-connection is closed. Idle kept-alive connections close after 75 s. Optional TLS.
+connection is closed. Idle kept-alive connections close after 75 s, and a request must arrive whole
+within 30 s of its first bytes (both checked once a second). Optional TLS.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from typing import Any
 import trio
 
 from kanal_registry_proxy.proxy import ProxyRequest, ProxyResponse, RegistryProxy, error
-from kanal_registry_proxy.upstream import send_all
+from kanal_registry_proxy.upstream import receive_some, send_all
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +39,8 @@ MAX_HEADERS = 100
 MAX_BODY = 16 * 1024 * 1024
 KEEP_ALIVE_TIMEOUT = 75.0
 HEAD_TIMEOUT = 30.0
+WATCH_INTERVAL = 1.0
+_NO_DEADLINE = float("inf")
 OWN_PATHS = frozenset({b"/metrics", b"/health/live", b"/health/ready"})
 _READ = 65536
 _REASONS = {status.value: status.phrase.encode() for status in HTTPStatus}
@@ -78,6 +81,9 @@ class HttpServer:
         self.connections = 0
         self._date = _Date()
         self._idle: set[trio.CancelScope] = set()
+        # per connection, when it has waited too long: the keep-alive or head deadline while waiting
+        # for a client, none while the proxy works on a request
+        self._deadlines: dict[trio.CancelScope, float] = {}
 
     async def serve(
         self, host: str, port: int, *, task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED
@@ -93,8 +99,20 @@ class HttpServer:
             shown = f"[{address[0]}]" if ":" in address[0] else address[0]
             binds.append(f"{scheme}://{shown}:{address[1]}")
         async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._watch)
             await nursery.start(trio.serve_listeners, self._connection, listeners)
             task_status.started(binds)
+
+    async def _watch(self) -> None:
+        """Closes connections past their deadline. One task checking once a second instead of a cancel
+        scope deadline moved three times per request: each move costs about 5 us of trio's deadline
+        bookkeeping, on the proxy's hot path; these timeouts need no better than a second."""
+        while True:
+            await trio.sleep(WATCH_INTERVAL)
+            now = trio.current_time()
+            for scope, deadline in list(self._deadlines.items()):
+                if deadline <= now:
+                    scope.cancel()
 
     def drain(self) -> None:
         """Stops reading new requests: idle connections close now, busy ones after their answer."""
@@ -113,22 +131,23 @@ class HttpServer:
             except OSError:
                 pass
         buffer = bytearray()
-        # one cancel scope per connection; its deadline is the keep-alive or head timeout while
-        # waiting for a client, and none while the proxy works on a request
+        deadlines = self._deadlines
+        # one cancel scope per connection, cancelled by _watch past its deadline
+        scope = trio.CancelScope()
         try:
-            with trio.CancelScope() as scope:
+            with scope:
                 while not self.draining:
                     if not buffer:
-                        scope.deadline = trio.current_time() + KEEP_ALIVE_TIMEOUT
+                        deadlines[scope] = trio.current_time() + KEEP_ALIVE_TIMEOUT
                         self._idle.add(scope)
                         try:
-                            data = await stream.receive_some(_READ)
+                            data = await receive_some(stream, _READ)
                         finally:
                             self._idle.discard(scope)
                         if not data:
                             return
                         buffer += data
-                    scope.deadline = trio.current_time() + HEAD_TIMEOUT
+                    deadlines[scope] = trio.current_time() + HEAD_TIMEOUT
                     try:
                         request, keep_alive, expects_continue = await self._read_head(stream, buffer, client)
                         if expects_continue:
@@ -139,7 +158,7 @@ class HttpServer:
                         response.headers.append((b"content-length", str(len(response.body)).encode()))
                         await self._send(stream, response, False)
                         return
-                    scope.deadline = float("inf")
+                    deadlines[scope] = _NO_DEADLINE
                     if request.raw_path in OWN_PATHS:
                         response = await self._own(request)
                     else:
@@ -152,11 +171,12 @@ class HttpServer:
             return
         finally:
             self.connections -= 1
+            deadlines.pop(scope, None)
             with trio.CancelScope(shield=True), contextlib.suppress(trio.BrokenResourceError, OSError):
                 await stream.aclose()
 
     async def _fill(self, stream: trio.abc.Stream, buffer: bytearray) -> None:
-        data = await stream.receive_some(_READ)
+        data = await receive_some(stream, _READ)
         if not data:
             raise _Disconnected()
         buffer += data

@@ -133,7 +133,29 @@ def split_path(raw_path: bytes) -> list[str] | None:
     return parts
 
 
+_MATCHED: dict[tuple[str, bytes], Match | None] = {}
+_MATCHED_MAX = 4096  # entries; emptied when full
+_MATCHED_PATH_MAX = 256  # bytes: longer paths are matched each time (so the memory stays at a few MiB)
+
+
 def match(method: str, raw_path: bytes) -> Match | None:
+    """The route of a request and its parameters, remembered per (method, raw path): clients ask for
+    the same few paths again and again (a deserializer fetches one id per schema), and matching costs
+    several microseconds per request. A match is shared: its params are read, never changed."""
+    key = (method, raw_path)
+    try:
+        return _MATCHED[key]
+    except KeyError:
+        pass
+    found = _match(method, raw_path)
+    if len(raw_path) <= _MATCHED_PATH_MAX:
+        if len(_MATCHED) >= _MATCHED_MAX:
+            _MATCHED.clear()
+        _MATCHED[key] = found
+    return found
+
+
+def _match(method: str, raw_path: bytes) -> Match | None:
     parts = split_path(raw_path)
     if parts is None:
         return None

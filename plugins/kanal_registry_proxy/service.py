@@ -130,6 +130,7 @@ class ProxyService:
             async with trio.open_nursery() as nursery:
                 await nursery.start(self.authenticator.run)
                 await nursery.start(self.mode.run)
+                await nursery.start(self.client.watch)
                 self.ready = True
                 try:
                     self.binds = await nursery.start(server.serve, settings.bind_host, settings.http_port)

@@ -15,6 +15,7 @@ Attributes: ``http.request.method``, ``http.route``, ``url.path``, ``http.respon
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Sequence
 
 from opentelemetry import propagate, trace
@@ -28,9 +29,20 @@ SERVER = trace.SpanKind.SERVER
 CLIENT = trace.SpanKind.CLIENT
 
 
+_NOT_ENABLED_UNTIL = [0.0]  # monotonic time until which "no recording provider" is taken as known
+_RECHECK = 1.0
+
+
 def enabled() -> bool:
-    """Whether a tracer provider that records spans is installed (checked per request: cheap)."""
-    return not isinstance(trace.get_tracer_provider(), (trace.ProxyTracerProvider, trace.NoOpTracerProvider))
+    """Whether a tracer provider that records spans is installed (checked per request). While none
+    is, OpenTelemetry is asked again at most once a second: asking reads the environment each time.
+    Once one is, it stays (OpenTelemetry does not let the provider be replaced)."""
+    if time.monotonic() < _NOT_ENABLED_UNTIL[0]:
+        return False
+    if isinstance(trace.get_tracer_provider(), (trace.ProxyTracerProvider, trace.NoOpTracerProvider)):
+        _NOT_ENABLED_UNTIL[0] = time.monotonic() + _RECHECK
+        return False
+    return True
 
 
 def tracer() -> trace.Tracer:
@@ -81,3 +93,4 @@ def configure(exporter: str, service_name: str) -> None:
         span_exporter = ConsoleSpanExporter()
     provider.add_span_processor(BatchSpanProcessor(span_exporter))
     trace.set_tracer_provider(provider)
+    _NOT_ENABLED_UNTIL[0] = 0.0

@@ -258,3 +258,61 @@ def test_reload_loop_applies_changes(tmp_path: Path) -> None:
             nursery.cancel_scope.cancel()
 
     trio.run(main)
+
+
+def test_a_pair_in_use_is_renewed_in_the_background_before_it_expires(
+    tmp_path: Path, counted_bcrypt: list[bytes]
+) -> None:
+    path = tmp_path / "creds.json"
+    write(path, {"alice": "a1"})
+    clock = Clock()
+    metrics = ProxyMetrics()
+    auth = BasicAuthenticator(str(path), metrics=metrics, clock=clock)
+    auth.load()
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(auth.run)
+            assert await auth.authenticate(header("alice", "a1")) == "alice"
+            clock.now += 60  # not yet in the last 30 s of the two minutes: no renewal
+            assert await auth.authenticate(header("alice", "a1")) == "alice"
+            await trio.testing.wait_all_tasks_blocked()
+            assert len(counted_bcrypt) == 1
+            clock.now += 45  # 105 s: answered from the cache, and checked again in the background
+            assert await auth.authenticate(header("alice", "a1")) == "alice"
+            assert await auth.authenticate(header("alice", "a1")) == "alice"  # one renewal at a time
+            with trio.fail_after(10):
+                while auth._refreshing:
+                    await trio.sleep(0.01)
+            assert len(counted_bcrypt) == 2
+            clock.now += 100  # 205 s: past the first expiry, within the renewed one
+            assert await auth.authenticate(header("alice", "a1")) == "alice"
+            assert len(counted_bcrypt) == 2
+            nursery.cancel_scope.cancel()
+
+    trio.run(main)
+    assert metrics.registry.get_sample_value("srp_cache_requests_total", {"cache": "credentials", "result": "hit"}) == 4
+
+
+def test_a_renewal_that_fails_forgets_the_pair(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tmp_path / "creds.json"
+    write(path, {"alice": "a1"})
+    clock = Clock()
+    auth = BasicAuthenticator(str(path), clock=clock)
+    auth.load()
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(auth.run)
+            assert await auth.authenticate(header("alice", "a1")) == "alice"
+            monkeypatch.setattr(auth_basic.bcrypt, "checkpw", lambda password, hashed: False)
+            clock.now += 100
+            assert await auth.authenticate(header("alice", "a1")) == "alice"  # still cached meanwhile
+            with trio.fail_after(10):
+                while auth._refreshing:
+                    await trio.sleep(0.01)
+            assert not auth._cache
+            assert await auth.authenticate(header("alice", "a1")) is None  # checked in the foreground
+            nursery.cancel_scope.cancel()
+
+    trio.run(main)

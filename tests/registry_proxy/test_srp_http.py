@@ -9,6 +9,7 @@ from collections.abc import Callable
 
 import pytest
 import trio
+from kanal_registry_proxy import httpserver
 from kanal_registry_proxy.testing.proxy import ProxyThread
 from kanal_registry_proxy.upstream import HttpClient, UpstreamError
 
@@ -98,6 +99,26 @@ def test_http_1_0_closes_after_the_answer(proxy: ProxyThread) -> None:
     assert answer.startswith(b"HTTP/1.1 200 OK") and answer.endswith(b'["orders-value"]')
 
 
+def test_idle_and_incomplete_connections_are_closed_after_their_timeouts(
+    make_proxy: Callable[..., ProxyThread], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(httpserver, "KEEP_ALIVE_TIMEOUT", 0.3)
+    monkeypatch.setattr(httpserver, "HEAD_TIMEOUT", 0.3)
+    monkeypatch.setattr(httpserver, "WATCH_INTERVAL", 0.05)
+    proxy = make_proxy()
+    host, port = proxy.url.removeprefix("http://").rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=10) as idle:
+        idle.sendall(b"GET /subjects HTTP/1.1\r\nHost: x\r\n" + auth_line() + b"\r\n")
+        answer = b""
+        while not answer.endswith(b"[]"):
+            answer += idle.recv(65536)
+        assert answer.startswith(b"HTTP/1.1 200 OK")
+        assert idle.recv(65536) == b""  # kept alive, then closed once idle past the timeout
+    with socket.create_connection((host, int(port)), timeout=10) as slow:
+        slow.sendall(b"GET /subjects HTTP/1.1\r\nHost: x\r\n")  # a head that never ends
+        assert slow.recv(65536) == b""
+
+
 class RawServer:
     """Answers each connection with scripted bytes, for the client's framing cases."""
 
@@ -174,3 +195,23 @@ def test_client_errors() -> None:
         silent.close()
 
     trio.run(main)
+
+
+def test_client_timeout_enforced_by_its_watch_task() -> None:
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen()
+    client = HttpClient("127.0.0.1", silent.getsockname()[1], timeout=0.2)
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(client.watch)
+            with pytest.raises(UpstreamError, match="did not answer within") as failure:
+                await client.request("GET", b"/")  # connected, never answered: its connection is closed
+            assert failure.value.timeout
+            assert not client._busy and not client._idle
+            nursery.cancel_scope.cancel()
+        await client.aclose()
+
+    trio.run(main)
+    silent.close()

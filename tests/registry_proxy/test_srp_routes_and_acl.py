@@ -96,6 +96,21 @@ def test_paths_that_name_no_route(path: bytes) -> None:
     assert routes.match("GET", path) is None or routes.match("POST", path) is None
 
 
+def test_matches_are_remembered_within_bounds(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(routes, "_MATCHED", {})
+    monkeypatch.setattr(routes, "_MATCHED_MAX", 3)
+    first = routes.match("GET", b"/schemas/ids/7")
+    assert first is not None and first.params == {"id": "7"}
+    assert routes.match("GET", b"/schemas/ids/7") is first
+    assert routes.match("GET", b"/nowhere") is None and routes.match("GET", b"/nowhere") is None
+    for i in range(10):
+        assert routes.match("GET", f"/schemas/ids/{i}".encode()).params == {"id": str(i)}  # type: ignore[union-attr]
+    assert len(routes._MATCHED) <= 3
+    long = b"/subjects/" + b"a" * 300 + b"/versions"
+    assert routes.match("GET", long).params == {"subject": "a" * 300}  # type: ignore[union-attr]
+    assert ("GET", long) not in routes._MATCHED
+
+
 def test_plus_is_sent_encoded_so_both_registry_dialects_see_the_authorized_subject() -> None:
     assert routes.match("GET", b"/subjects/a+b/versions").params == {"subject": "a+b"}  # type: ignore[union-attr]
     assert routes.upstream_path(b"/subjects/a+b/versions") == b"/subjects/a%2Bb/versions"
