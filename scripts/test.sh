@@ -5,6 +5,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/bootstrap.sh test
 .venv/bin/ruff check .
+.venv/bin/ruff format --check .
 .venv/bin/mypy
 # The third-party plugin is checked and tested as its own project, the way its authors would.
 (cd plugins-contrib/kanal-header-injection && MYPYPATH=../../core ../../.venv/bin/mypy src tests \
