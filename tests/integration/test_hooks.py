@@ -258,3 +258,20 @@ def test_fetch_partition_error_reaches_the_consumer(tansu: TansuBroker, unique_t
                 errors.append(msg.error().code())
         consumer.close()
     assert errors == [KafkaError.TOPIC_AUTHORIZATION_FAILED]
+
+
+def test_large_produce_requests_a_hook_reads_arrive_whole(tansu: TansuBroker, unique_topic: Callable[..., str]) -> None:
+    """Produce requests above the streaming threshold are read whole when a record hook needs them."""
+    spec = InterceptorSpec(name="block-1", plugin="test-block-partition-one")
+    topic = unique_topic()
+    _create(tansu.bootstrap, topic, 1)
+    values = [bytes([i % 251]) * 1000 for i in range(3000)]
+    with inprocess_gateway(tansu, {"test": TestPlugin()}, [spec]) as gw:
+        producer = Producer({"bootstrap.servers": bootstrap_of(gw), "linger.ms": 50, "batch.size": 1_000_000})
+        for value in values:
+            producer.produce(topic, value=value, partition=0)
+        assert producer.flush(30) == 0
+        sizes = gw.metrics.registry.get_sample_value("gateway_request_bytes_total", {"api_key": "Produce"})
+        count = gw.metrics.registry.get_sample_value("gateway_requests_total", {"api_key": "Produce"})
+    assert sizes is not None and count and sizes / count > 256 * 1024  # requests above the threshold
+    assert [m.value() for m in _consume_all(tansu.bootstrap, topic, 1, len(values))] == values

@@ -32,6 +32,27 @@ def next_read_size(reader: FrameReader) -> int:
     return READ_SIZE if reader.buffered else HEAD_READ_SIZE
 
 
+async def receive_rest(stream: trio.abc.ReceiveStream, size: int, head: bytearray) -> bytearray:
+    """The rest of a large frame whose first bytes are ``head``, read straight into a buffer of its
+    size (no growing buffer, no copy of the whole frame out of it), never past its end."""
+    frame = bytearray(size)
+    frame[: len(head)] = head
+    view = memoryview(frame)
+    got = len(head)
+    sock = stream.socket if isinstance(stream, trio.SocketStream) else None
+    while got < size:
+        if sock is not None:
+            n = await sock.recv_into(view[got:])
+        else:
+            data = await stream.receive_some(size - got)
+            n = len(data)
+            view[got : got + n] = data
+        if not n:
+            raise PeerClosed("connection closed by peer")
+        got += n
+    return frame
+
+
 class KafkaChannel:
     """Sends and receives length-prefixed frames on one stream. Not shared between tasks
     for the same direction."""
@@ -58,32 +79,12 @@ class KafkaChannel:
             partial = self._reader.peek_partial()
             if partial is not None and partial[0] >= STREAM_FROM:
                 self._reader.take_partial()
-                return await self._receive_rest(*partial)
+                return await receive_rest(self.stream, *partial)
             data = await self.stream.receive_some(READ_SIZE)
             if not data:
                 raise PeerClosed("connection closed by peer")
             frames.extend(self._reader.feed(data))
         return frames.popleft()
-
-    async def _receive_rest(self, size: int, head: bytearray) -> bytearray:
-        """The rest of a large frame, read straight into a buffer of its size (no growing buffer,
-        no copy of the whole frame out of it), never past its end."""
-        frame = bytearray(size)
-        frame[: len(head)] = head
-        view = memoryview(frame)
-        got = len(head)
-        sock = self.stream.socket if isinstance(self.stream, trio.SocketStream) else None
-        while got < size:
-            if sock is not None:
-                n = await sock.recv_into(view[got:])
-            else:
-                data = await self.stream.receive_some(size - got)
-                n = len(data)
-                view[got : got + n] = data
-            if not n:
-                raise PeerClosed("connection closed by peer")
-            got += n
-        return frame
 
     async def receive_head(self) -> bytearray | tuple[int, bytearray]:
         """The next frame if it is already whole, else ``(size, first bytes)`` of a large frame

@@ -21,7 +21,7 @@ import trio
 from kio.schema.errors import ErrorCode
 
 from kanal.metrics import GatewayMetrics
-from kanal.net.channel import STREAM_FROM, KafkaChannel, next_read_size, relay
+from kanal.net.channel import STREAM_FROM, KafkaChannel, next_read_size, receive_rest, relay
 from kanal.net.forward import PeerClosed
 from kanal.pipeline.chain import ResolvedChain
 from kanal.pipeline.context import Connection, RecordsContext, RequestContext, ResponseContext
@@ -218,9 +218,15 @@ class ClientConnection:
                                 self.gateway.tap(self.info, "c2g", frame)
                             await self._handle_request(frame, send)
                         partial = self._reader.peek_partial()
-                        if partial is not None and self._may_stream(*partial):
+                        if partial is not None and partial[0] >= STREAM_FROM and len(partial[1]) >= _STREAM_HEAD:
                             self._reader.take_partial()
-                            await self._handle_request(partial[1], send, partial[0])
+                            if self._may_stream(*partial):
+                                await self._handle_request(partial[1], send, partial[0])
+                                continue
+                            frame = await receive_rest(self.client, *partial)
+                            if self.gateway.tap is not None:
+                                self.gateway.tap(self.info, "c2g", frame)
+                            await self._handle_request(frame, send)
                 except (FrameTooLarge, InvalidFrame, InvalidHeader, ProtocolViolation) as exc:
                     log.warning("closing client %s: %s", self.info.client_address, exc, extra=self._fields())
                     scope.cancel()
@@ -325,8 +331,8 @@ class ClientConnection:
         return self._next_corr
 
     def _may_stream(self, size: int, head: bytearray) -> bool:
-        """A large request no hook needs is forwarded while it arrives, once its header is in."""
-        if size < STREAM_FROM or len(head) < _STREAM_HEAD or self.gateway.tap is not None:
+        """A large request (its header in) that no hook needs is forwarded while it arrives."""
+        if self.gateway.tap is not None:
             return False
         api_key, _, _ = peek_request(head)
         return not self.chain().decode_request(api_key)
