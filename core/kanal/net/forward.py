@@ -1,9 +1,9 @@
 """Moving bytes the gateway does not look at from one stream to another.
 
 Between two plain TCP sockets on Linux the bytes go through a pipe with ``splice(2)`` and never
-enter the process: measured here, that halves the CPU moving a GB costs the gateway against reading
-and writing it (``bench/relay_micro.py``; figures in ``docs/benchmarks.md``). Anything else (TLS,
-test streams, other systems) is copied in 1 MiB reads.
+enter the process: measured here, that takes a third to a half off the CPU that moving a GB costs
+when it is read and written (``bench/relay_micro.py``; figures in ``docs/benchmarks.md``). Anything
+else (TLS, test streams, other systems) is copied in 1 MiB reads.
 """
 
 from __future__ import annotations
