@@ -19,7 +19,7 @@ _I32 = struct.Struct(">i")
 
 
 class Indexable(Protocol):
-    """Bytes that can be read one at a time: bytes, bytearray, memoryview, or a chunked view."""
+    """Bytes that can be read one at a time by index (bytes, bytearray, memoryview)."""
 
     def __getitem__(self, index: int, /) -> int: ...
 
