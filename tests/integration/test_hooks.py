@@ -267,7 +267,7 @@ def test_large_produce_requests_a_hook_reads_arrive_whole(tansu: TansuBroker, un
     _create(tansu.bootstrap, topic, 1)
     values = [bytes([i % 251]) * 1000 for i in range(3000)]
     with inprocess_gateway(tansu, {"test": TestPlugin()}, [spec]) as gw:
-        producer = Producer({"bootstrap.servers": bootstrap_of(gw), "linger.ms": 50, "batch.size": 1_000_000})
+        producer = Producer({"bootstrap.servers": bootstrap_of(gw), "linger.ms": 200, "batch.size": 1_000_000})
         for value in values:
             producer.produce(topic, value=value, partition=0)
         assert producer.flush(30) == 0
