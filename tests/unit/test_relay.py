@@ -159,3 +159,29 @@ def test_a_large_frame_is_received_whole_and_the_next_one_after_it(pair: Pair) -
 
     trio.run(main)
     assert got == [big, small]
+
+
+def test_memory_follows_the_bytes_that_arrived_not_the_announced_length() -> None:
+    """A peer announcing a huge frame and sending little costs little (no buffer of the announced size)."""
+    import tracemalloc
+
+    from kanal.net.channel import KafkaChannel
+
+    announced = 90 * 1024 * 1024
+    peaks: list[int] = []
+
+    async def main() -> None:
+        far, near = _memory()
+        channel = KafkaChannel(near, max_frame_size=100 * 1024 * 1024)
+        await far.send_all(struct.pack(">i", announced) + b"\x00" * 300_000)
+        await far.aclose()
+        tracemalloc.start()
+        try:
+            with pytest.raises(PeerClosed):
+                await channel.receive_frame()
+            peaks.append(tracemalloc.get_traced_memory()[1])
+        finally:
+            tracemalloc.stop()
+
+    trio.run(main)
+    assert peaks[0] < 10 * 1024 * 1024

@@ -9,7 +9,7 @@ from typing import Any
 
 import trio
 
-from kanal.net.forward import PeerClosed, forward
+from kanal.net.forward import RELAY_READ_SIZE, PeerClosed, forward
 from kanal.protocol.framing import FrameReader, InvalidFrame
 from kanal.protocol.headers import response_correlation_id
 from kanal.protocol.messages import decode_response, encode_request
@@ -33,24 +33,18 @@ def next_read_size(reader: FrameReader) -> int:
 
 
 async def receive_rest(stream: trio.abc.ReceiveStream, size: int, head: bytearray) -> bytearray:
-    """The rest of a large frame whose first bytes are ``head``, read straight into a buffer of its
-    size (no growing buffer, no copy of the whole frame out of it), never past its end."""
-    frame = bytearray(size)
-    frame[: len(head)] = head
-    view = memoryview(frame)
+    """The rest of a large frame whose first bytes are ``head``, never reading past its end: kept as
+    the chunks received and joined once (no growing buffer copied at each read). Memory follows the
+    bytes that arrived, not the length the peer announced."""
+    chunks: list[bytes | bytearray] = [head]
     got = len(head)
-    sock = stream.socket if isinstance(stream, trio.SocketStream) else None
     while got < size:
-        if sock is not None:
-            n = await sock.recv_into(view[got:])
-        else:
-            data = await stream.receive_some(size - got)
-            n = len(data)
-            view[got : got + n] = data
-        if not n:
+        data = await stream.receive_some(min(size - got, RELAY_READ_SIZE))
+        if not data:
             raise PeerClosed("connection closed by peer")
-        got += n
-    return frame
+        chunks.append(data)
+        got += len(data)
+    return bytearray().join(chunks)
 
 
 class KafkaChannel:
