@@ -28,9 +28,7 @@ import trio
 from kio.schema.errors import ErrorCode
 
 from kanal.config.upstream import UpstreamSettings, parse_upstream
-from kanal.net.channel import RequestChannel
-from kanal.net.upstream import UpstreamError, open_upstream
-from kanal.protocol.api import require_request_class
+from kanal.net.upstream import Bootstrap, BrokerCalls, UpstreamError
 from kanal.protocol.entities import build, has_field, nested
 from kanal.protocol.records import RecordSet
 from kanal_dataquality.evaluate import evaluate, needed, schema_refs
@@ -42,7 +40,6 @@ __all__ = ["ClusterReader", "observe"]
 
 log = logging.getLogger(__name__)
 
-_VERSIONS = {1: (4, 12), 2: (1, 7), 3: (1, 12), 18: (3, 3)}  # the newest versions that name topics
 _MAX_BYTES = 8 * 1024 * 1024
 REFRESH = 3.0  # seconds between topic listings
 
@@ -55,60 +52,35 @@ def _ms(seconds: float) -> datetime.timedelta:
     return datetime.timedelta(milliseconds=int(seconds * 1000))
 
 
-class _Broker:
-    def __init__(self, calls: RequestChannel, versions: dict[int, tuple[int, int]]) -> None:
-        self.calls = calls
-        self.versions = versions
-
-    def request_class(self, api_key: int) -> Any:
-        lowest, highest = _VERSIONS[api_key]
-        low, high = self.versions.get(api_key, (0, highest))
-        version = min(high, highest)
-        if version < max(low, lowest):
-            raise UpstreamError(f"the cluster does not support api key {api_key} at versions {lowest}-{highest}")
-        return require_request_class(api_key, version)
-
-    async def call(self, body: Any, timeout: float) -> Any:
-        with trio.fail_after(timeout):
-            return await self.calls.call(body)
-
-
 class ClusterReader:
     """Reads partitions of one cluster: topic listing, end offsets, fetches from leaders."""
 
     def __init__(self, upstream: UpstreamSettings, timeout: float = 10.0) -> None:
         self.upstream = upstream
         self.timeout = timeout
-        self._brokers: dict[int, _Broker] = {}
+        self._brokers: dict[int, BrokerCalls] = {}
         self.addresses: dict[int, tuple[str, int]] = {}
         self.leaders: dict[tuple[str, int], int] = {}
-        self._next = 0
+        self._bootstrap = Bootstrap(upstream.bootstrap_servers)
 
-    async def _open(self, address: tuple[str, int]) -> _Broker:
-        channel = await open_upstream(address, self.upstream, self.timeout, _MAX_BYTES + 1024 * 1024)
-        calls = RequestChannel(channel, "kanal-dq-observer")
-        reply = await calls.call(
-            build(require_request_class(18, 3), client_software_name="kanal", client_software_version="0")
+    async def _open(self, address: tuple[str, int]) -> BrokerCalls:
+        return await BrokerCalls.open(
+            address, self.upstream, self.timeout, _MAX_BYTES + 1024 * 1024, "kanal-dq-observer"
         )
-        versions = {int(k.api_key): (int(k.min_version), int(k.max_version)) for k in reply.api_keys}
-        return _Broker(calls, versions)
 
-    async def _broker(self, node: int | None) -> _Broker:
+    async def _broker(self, node: int | None) -> BrokerCalls:
         if node is not None and node in self._brokers:
             return self._brokers[node]
         if node is not None and node in self.addresses:
             broker = self._brokers[node] = await self._open(self.addresses[node])
             return broker
-        servers = self.upstream.bootstrap_servers
-        address = servers[self._next % len(servers)]
-        self._next += 1
-        return await self._open(address)
+        return await self._bootstrap.connect(self._open)
 
     async def aclose(self) -> None:
         brokers, self._brokers = self._brokers, {}
         with trio.CancelScope(shield=True):
             for broker in brokers.values():
-                await broker.calls.channel.aclose()
+                await broker.aclose()
 
     async def topics(self) -> dict[str, list[int]]:
         """Every topic of the cluster and its partitions (leaders and brokers learnt on the way)."""
@@ -117,7 +89,7 @@ class ClusterReader:
             cls = boot.request_class(3)
             reply = await boot.call(_build(cls, topics=None, allow_auto_topic_creation=False), self.timeout)
         finally:
-            await boot.calls.channel.aclose()
+            await boot.aclose()
         self.addresses = {int(b.node_id): (str(b.host), int(b.port)) for b in reply.brokers}
         out: dict[str, list[int]] = {}
         for topic in reply.topics:

@@ -22,16 +22,12 @@ import trio
 from kio.schema.errors import ErrorCode
 
 from kanal.config.upstream import UpstreamSettings
-from kanal.net.channel import RequestChannel
-from kanal.net.upstream import Bootstrap, UpstreamError, api_versions, open_upstream
-from kanal.protocol.api import require_request_class
+from kanal.net.upstream import Bootstrap, BrokerCalls, UnsupportedVersion, UpstreamError
 from kanal.protocol.entities import build, has_field, nested
 from kanal.protocol.records import Record, RecordSet, encode_batch
 
 log = logging.getLogger(__name__)
 
-# Highest versions used (the newest that still name topics rather than topic ids).
-_VERSIONS = {0: (3, 9), 1: (4, 12), 2: (1, 7), 3: (1, 12), 18: (3, 3), 19: (2, 7)}
 _FETCH_MAX_BYTES = 16 * 1024 * 1024
 
 
@@ -53,33 +49,8 @@ def _build(cls: Any, **values: Any) -> Any:
     return build(cls, **{k: v for k, v in values.items() if has_field(cls, k)})
 
 
-class _Connection:
-    """One authenticated connection to one broker, with the API versions it offers."""
-
-    def __init__(self, calls: RequestChannel, versions: dict[int, tuple[int, int]]) -> None:
-        self.calls = calls
-        self.versions = versions
-
-    @classmethod
-    async def open(cls, address: tuple[str, int], upstream: UpstreamSettings, timeout: float) -> _Connection:
-        channel = await open_upstream(address, upstream, timeout, _FETCH_MAX_BYTES + 1024 * 1024)
-        return cls(*await api_versions(channel, "kanal-state"))
-
-    def request_class(self, api_key: int) -> Any:
-        lowest, highest = _VERSIONS[api_key]
-        low, high = self.versions.get(api_key, (0, highest))
-        version = min(high, highest)
-        if version < max(low, lowest):
-            raise LogError(f"the upstream does not support api key {api_key} at versions {lowest}-{highest}")
-        return require_request_class(api_key, version)
-
-    async def call(self, body: Any, timeout: float) -> Any:
-        with trio.fail_after(timeout):
-            return await self.calls.call(body)
-
-    async def aclose(self) -> None:
-        with trio.CancelScope(shield=True):
-            await self.calls.channel.aclose()
+async def _open(address: tuple[str, int], upstream: UpstreamSettings, timeout: float) -> BrokerCalls:
+    return await BrokerCalls.open(address, upstream, timeout, _FETCH_MAX_BYTES + 1024 * 1024, "kanal-state")
 
 
 class CompactedLog:
@@ -92,16 +63,16 @@ class CompactedLog:
         self.replication_factor = replication_factor
         self.upstream = upstream
         self.timeout = timeout
-        self._leader: _Connection | None = None
+        self._leader: BrokerCalls | None = None
         self._bootstrap = Bootstrap(upstream.bootstrap_servers)
 
-    async def _bootstrap_connection(self) -> _Connection:
+    async def _bootstrap_connection(self) -> BrokerCalls:
         try:
-            return await self._bootstrap.connect(lambda address: _Connection.open(address, self.upstream, self.timeout))
+            return await self._bootstrap.connect(lambda address: _open(address, self.upstream, self.timeout))
         except UpstreamError as exc:
             raise LogError(f"cannot reach the backing cluster: {exc}") from exc
 
-    async def _connection(self) -> _Connection:
+    async def _connection(self) -> BrokerCalls:
         """The connection to the partition leader (a bootstrap server while the topic does not exist)."""
         if self._leader is not None:
             return self._leader
@@ -122,7 +93,7 @@ class CompactedLog:
             self._leader = boot  # the topic is missing: creating it works through any broker
             return boot
         await boot.aclose()
-        self._leader = await _Connection.open(brokers[leader], self.upstream, self.timeout)
+        self._leader = await _open(brokers[leader], self.upstream, self.timeout)
         return self._leader
 
     async def _call(self, make: Any, timeout: float | None = None) -> Any:
@@ -136,6 +107,9 @@ class CompactedLog:
             except LogError:
                 await self.reset()
                 raise
+            except UnsupportedVersion as exc:
+                await self.reset()
+                raise LogError(str(exc)) from exc
             except (
                 OSError,  # UpstreamError included
                 ConnectionError,
@@ -162,7 +136,7 @@ class CompactedLog:
     async def ensure_topic(self) -> None:
         """Creates the topic (one partition, compacted) unless it exists."""
 
-        def make(connection: _Connection) -> Any:
+        def make(connection: BrokerCalls) -> Any:
             cls = connection.request_class(19)
             topic_cls = nested(cls, "topics")
             config_cls = nested(topic_cls, "configs")
@@ -194,7 +168,7 @@ class CompactedLog:
         records = [Record(offset_delta=i, key=k, value=v) for i, (k, v) in enumerate(items)]
         batch = encode_batch(records, base_timestamp=now)
 
-        def make(connection: _Connection) -> Any:
+        def make(connection: BrokerCalls) -> Any:
             cls = connection.request_class(0)
             topic_cls = nested(cls, "topic_data")
             partition_cls = nested(topic_cls, "partition_data")
@@ -213,7 +187,7 @@ class CompactedLog:
     async def end_offset(self) -> int:
         """The offset after the last record (the high watermark)."""
 
-        def make(connection: _Connection) -> Any:
+        def make(connection: BrokerCalls) -> Any:
             cls = connection.request_class(2)
             topic_cls = nested(cls, "topics")
             partition_cls = nested(topic_cls, "partitions")
@@ -235,7 +209,7 @@ class CompactedLog:
         when there is nothing new. An offset below the log start (compacted or deleted away) restarts
         at the log start."""
 
-        def make(connection: _Connection) -> Any:
+        def make(connection: BrokerCalls) -> Any:
             cls = connection.request_class(1)
             topic_cls = nested(cls, "topics")
             partition_cls = nested(topic_cls, "partitions")

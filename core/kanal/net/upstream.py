@@ -106,6 +106,48 @@ async def api_versions(channel: KafkaChannel, client_id: str) -> tuple[RequestCh
     return calls, {int(k.api_key): (int(k.min_version), int(k.max_version)) for k in reply.api_keys}
 
 
+class UnsupportedVersion(UpstreamError):
+    """The broker offers none of the versions of an API that the gateway's own requests use."""
+
+
+# Versions of the gateway's own requests: the newest ones that still name topics, not topic ids.
+OWN_REQUEST_VERSIONS = {0: (3, 9), 1: (4, 12), 2: (1, 7), 3: (1, 12), 18: (3, 3), 19: (2, 7)}
+
+
+class BrokerCalls:
+    """One connection to one broker for the gateway's own requests, with the API versions the
+    broker offers: each request goes at the highest version both sides know."""
+
+    def __init__(self, calls: RequestChannel, versions: dict[int, tuple[int, int]]) -> None:
+        self.calls = calls
+        self.versions = versions
+
+    @classmethod
+    async def open(
+        cls, address: Address, upstream: UpstreamSettings, timeout: float, max_frame_size: int, client_id: str
+    ) -> BrokerCalls:
+        channel = await open_upstream(address, upstream, timeout, max_frame_size)
+        return cls(*await api_versions(channel, client_id))
+
+    def request_class(self, api_key: int) -> Any:
+        """The request class of ``api_key`` at the highest version of :data:`OWN_REQUEST_VERSIONS`
+        that the broker offers."""
+        lowest, highest = OWN_REQUEST_VERSIONS[api_key]
+        low, high = self.versions.get(api_key, (0, highest))
+        version = min(high, highest)
+        if version < max(low, lowest):
+            raise UnsupportedVersion(f"the upstream does not support api key {api_key} at versions {lowest}-{highest}")
+        return require_request_class(api_key, version)
+
+    async def call(self, body: Any, timeout: float) -> Any:
+        with trio.fail_after(timeout):
+            return await self.calls.call(body)
+
+    async def aclose(self) -> None:
+        with trio.CancelScope(shield=True):
+            await self.calls.channel.aclose()
+
+
 class ControlClient:
     """The gateway's own connection to the cluster, for metadata and other internal calls.
 
