@@ -82,7 +82,7 @@ class KafkaChannel:
 
     async def receive_head(self) -> bytearray | tuple[int, bytearray]:
         """The next frame if it is already whole, else ``(size, first bytes)`` of a large frame
-        still arriving (at least its correlation id); the caller must then :meth:`relay` the rest."""
+        still arriving (at least its correlation id); the caller must then :func:`relay` the rest."""
         frames = self._frames
         while not frames:
             partial = self._reader.peek_partial()
@@ -94,17 +94,6 @@ class KafkaChannel:
                 raise PeerClosed("connection closed by peer")
             frames.extend(self._reader.feed(data))
         return frames.popleft()
-
-    async def relay(
-        self,
-        out: trio.abc.SendStream,
-        size: int,
-        head: bytearray,
-        scan: ResponseScan | None = None,
-        finish: Callable[[bytearray], bytes | bytearray] | None = None,
-    ) -> None:
-        """Forwards the rest of a frame from this channel to ``out`` (see :func:`relay`)."""
-        await relay(self.stream, out, size, head, scan, finish)
 
     async def aclose(self) -> None:
         await self.stream.aclose()

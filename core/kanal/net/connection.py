@@ -293,7 +293,7 @@ class ClientConnection:
             if unanswered and corr == unanswered[0]:
                 unanswered.popleft()
                 if isinstance(head, tuple):
-                    await self.upstream.relay(_Discard(), head[0], head[1])
+                    await relay(self.upstream.stream, _Discard(), head[0], head[1])
                 continue
             raise ProtocolViolation(f"upstream answered correlation id {corr}, expected {expected}")
 
@@ -305,7 +305,7 @@ class ClientConnection:
         set_response_correlation_id(head, pending.client_corr)
         api_key, version = pending.api_key, pending.api_version
         if not scans(api_key, version):
-            await self.upstream.relay(self.client, size, head)
+            await relay(self.upstream.stream, self.client, size, head)
             return
 
         def finish(tail: bytearray) -> bytearray:
@@ -322,7 +322,7 @@ class ClientConnection:
                 )
             return tail
 
-        await self.upstream.relay(self.client, size, head, ResponseScan(api_key, version), finish)
+        await relay(self.upstream.stream, self.client, size, head, ResponseScan(api_key, version), finish)
 
     # -- requests ----------------------------------------------------------------------------
 
