@@ -208,7 +208,7 @@ def evaluate(
     ranged = range(len(calls))
     for n, record in enumerate(records):
         if refs is None:
-            value = _loads_or_text(record.value) if uses_value else None
+            value = decode_value(record.value) if uses_value else None
             if uses_key:
                 key = decode_key(record.key)
         else:
@@ -245,18 +245,6 @@ def evaluate(
             if broken:
                 violations.append(Violation(p, record, broken, tuple(failed[i] for i in broken), n))
     return BatchResult(len(records), None, violations)
-
-
-def _loads_or_text(raw: bytes | None) -> Any:
-    if raw is None:
-        return None
-    try:
-        return _loads(raw)
-    except _JSONDecodeError:
-        try:
-            return raw.decode("utf-8")
-        except UnicodeDecodeError:
-            return bytes(raw)
 
 
 def fast_headers(headers: Sequence[tuple[str, bytes | None]]) -> dict[str, str]:

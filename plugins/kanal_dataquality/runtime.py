@@ -214,6 +214,24 @@ class Runtime:
         reporter = self.reporter
         metrics = self.metrics
         blocked = result.blocked
+
+        def report(policy_name: str, rule_indexes: tuple[int, ...], outcomes: Any, action: str) -> None:
+            rules = [plan.rules[i] for i in rule_indexes]
+            reporter.report(
+                {
+                    "time": now,
+                    "policy": policy_name,
+                    "cluster": cluster,
+                    "topic": topic,
+                    "partition": partition,
+                    "rules": [r.name for r in rules],
+                    "message": violation_text(rules),
+                    "details": details(rules, outcomes),
+                    "clientId": client_id,
+                    "action": action,
+                }
+            )
+
         if blocked is not None:
             policy = plan.policies[blocked.policy]
             evaluated, violations, blocked_batches, _ = metrics.policy(policy.name)
@@ -223,21 +241,7 @@ class Runtime:
             reporter.count(policy.name, 1, 1, now)
             index = blocked.index
             if policy.report:
-                rules = [plan.rules[i] for i in blocked.rules]
-                reporter.report(
-                    {
-                        "time": now,
-                        "policy": policy.name,
-                        "cluster": cluster,
-                        "topic": topic,
-                        "partition": partition,
-                        "rules": [r.name for r in rules],
-                        "message": violation_text(rules),
-                        "details": details(rules, blocked.outcomes),
-                        "clientId": client_id,
-                        "action": "BLOCKED",
-                    }
-                )
+                report(policy.name, blocked.rules, blocked.outcomes, "BLOCKED")
             self._flush_if_detached()
             return block_message(plan, blocked, topic, partition, index)
         counts = [0] * len(plan.policies)
@@ -245,21 +249,8 @@ class Runtime:
             counts[v.policy] += 1
             policy = plan.policies[v.policy]
             if policy.report:
-                rules = [plan.rules[i] for i in v.rules]
-                reporter.report(
-                    {
-                        "time": now,
-                        "policy": policy.name,
-                        "cluster": cluster,
-                        "topic": topic,
-                        "partition": partition,
-                        "rules": [r.name for r in rules],
-                        "message": violation_text(rules),
-                        "details": details(rules, v.outcomes),
-                        "clientId": client_id,
-                        "action": ("MARKED" if policy.mark else "REPORTED") if enforce else "OBSERVED",
-                    }
-                )
+                action = ("MARKED" if policy.mark else "REPORTED") if enforce else "OBSERVED"
+                report(policy.name, v.rules, v.outcomes, action)
         marked: dict[str, int] = {}
         if enforce and plan.any_mark and result.violations:
             mark(plan, result.violations)
