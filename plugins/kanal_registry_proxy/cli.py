@@ -10,6 +10,7 @@ import logging
 import os
 import signal
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -174,6 +175,17 @@ def _permissions_apply(args: argparse.Namespace) -> int:
             print(f"kanal: {args.file}: {exc}", file=sys.stderr)
             return 2
         records.append((key, value))
+    return _publish(records)
+
+
+def _permissions_delete(args: argparse.Namespace) -> int:
+    from kanal_registry_proxy.reactive import KEY_PREFIX
+
+    return _publish([(f"{KEY_PREFIX}{args.name}".encode(), None)])
+
+
+def _publish(records: Sequence[tuple[bytes, bytes | None]]) -> int:
+    """Appends permission commands (a None value deletes) to the commands topic, creating it."""
     try:
         commands, topic = _permissions_log()
     except ConfigError as exc:
@@ -185,28 +197,8 @@ def _permissions_apply(args: argparse.Namespace) -> int:
             await commands.ensure_topic()
             for key, value in records:
                 offset = await commands.append(key, value)
-                print(f"{key.decode()} published to {topic} at offset {offset}")
-        finally:
-            await commands.aclose()
-
-    trio.run(main)
-    return 0
-
-
-def _permissions_delete(args: argparse.Namespace) -> int:
-    from kanal_registry_proxy.reactive import KEY_PREFIX
-
-    try:
-        commands, topic = _permissions_log()
-    except ConfigError as exc:
-        print(f"kanal: {exc}", file=sys.stderr)
-        return 2
-
-    async def main() -> None:
-        try:
-            await commands.ensure_topic()
-            offset = await commands.append(f"{KEY_PREFIX}{args.name}".encode(), None)
-            print(f"{KEY_PREFIX}{args.name} deleted in {topic} at offset {offset}")
+                done = "published to" if value is not None else "deleted in"
+                print(f"{key.decode()} {done} {topic} at offset {offset}")
         finally:
             await commands.aclose()
 
