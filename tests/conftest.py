@@ -17,9 +17,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from kanal.embedded import GatewayProcess, TansuBroker, free_port, free_port_block
-
-GATEWAY_PORT_COUNT = 3
+from kanal.embedded import GatewayProcess, TansuBroker
 
 # Processes whose output is attached to the report of a failing test: (label, process).
 _watched: list[tuple[str, TansuBroker | GatewayProcess]] = []
@@ -54,24 +52,11 @@ def tansu(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TansuBroker]:
         broker.stop()
 
 
-def gateway_env_for(broker: TansuBroker, *, port_count: int = GATEWAY_PORT_COUNT) -> dict[str, str]:
-    """Environment for a gateway in front of ``broker`` on free local ports."""
-    return {
-        "KAFKA_BOOTSTRAP_SERVERS": broker.bootstrap,
-        "GATEWAY_BIND_HOST": "127.0.0.1",
-        "GATEWAY_ADVERTISED_HOST": "127.0.0.1",
-        "GATEWAY_PORT_START": str(free_port_block(port_count)),
-        "GATEWAY_PORT_COUNT": str(port_count),
-        "GATEWAY_MIN_BROKERID": str(broker.node_id),
-        "GATEWAY_HTTP_PORT": str(free_port()),
-    }
-
-
 @pytest.fixture(scope="module")
 def gateway(tansu: TansuBroker, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
     """The Kanal gateway in front of ``tansu``; stopped with SIGTERM at the end of the module, and the
     stop must be clean (exit code 0)."""
-    process = GatewayProcess(gateway_env_for(tansu), log_path=tmp_path_factory.mktemp("kanal") / "gateway.log")
+    process = GatewayProcess(tansu.gateway_settings(), log_path=tmp_path_factory.mktemp("kanal") / "gateway.log")
     process.start(timeout=30)
     entry = ("gateway", process)
     _watched.append(entry)

@@ -12,7 +12,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Self
 
-from kanal.embedded import GatewayProcess, TansuBroker, free_port, free_port_block
+from kanal.embedded import GatewayProcess, TansuBroker
 
 GATEWAY_PORT_COUNT = 3
 #: Room for 1,000+ client connections plus as many upstream ones (inherited by the children).
@@ -23,20 +23,6 @@ def raise_nofile(wanted: int = NOFILE) -> None:
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft < wanted:
         resource.setrlimit(resource.RLIMIT_NOFILE, (min(wanted, hard), hard))
-
-
-def gateway_env(broker: TansuBroker, extra: dict[str, str] | None = None) -> dict[str, str]:
-    env = {
-        "KAFKA_BOOTSTRAP_SERVERS": broker.bootstrap,
-        "GATEWAY_BIND_HOST": "127.0.0.1",
-        "GATEWAY_ADVERTISED_HOST": "127.0.0.1",
-        "GATEWAY_PORT_START": str(free_port_block(GATEWAY_PORT_COUNT)),
-        "GATEWAY_PORT_COUNT": str(GATEWAY_PORT_COUNT),
-        "GATEWAY_MIN_BROKERID": str(broker.node_id),
-        "GATEWAY_HTTP_PORT": str(free_port()),
-    }
-    env.update(extra or {})
-    return env
 
 
 def proc_status(pid: int, field: str = "VmRSS") -> int:
@@ -83,9 +69,9 @@ class Stack:
         args = ["run"] + (["--config", str(self.config)] if self.config else [])
         log = self.log_dir / f"gateway-{time.strftime('%H%M%S')}-{uuid.uuid4().hex[:6]}.log"
         python = self._cprofile_python() if self.cprofile else sys.executable
-        self.gateway = GatewayProcess(gateway_env(self.broker, self.env), args=args, log_path=log, python=python).start(
-            timeout=60
-        )
+        self.gateway = GatewayProcess(
+            {**self.broker.gateway_settings(GATEWAY_PORT_COUNT), **self.env}, args=args, log_path=log, python=python
+        ).start(timeout=60)
         return self.gateway
 
     def _cprofile_python(self) -> str:

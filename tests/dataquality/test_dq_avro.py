@@ -22,7 +22,6 @@ from typing import Any
 import fastavro
 import pytest
 import trio
-from conftest import gateway_env_for
 from kanal_dataquality.avro import SchemaRegistry
 from kanal_dataquality.evaluate import evaluate, schema_refs
 from kanal_dataquality.policies import build_plan, compile_policy
@@ -81,7 +80,7 @@ def avro_gateway(
     (info / "entry_points.txt").write_text("[kanal.plugins]\ndata-quality = kanal_dataquality.plugin\n")
     cluster = f"dq-avro-{uuid.uuid4().hex[:8]}"
     env = {
-        **gateway_env_for(tansu),
+        **tansu.gateway_settings(),
         "GATEWAY_ADMIN_API_USERS": "[{username: admin, password: secret, admin: true}]",
         "GATEWAY_CLUSTER_ID": cluster,
         "DATA_QUALITY_SCHEMA_REGISTRY_URL": registry.url,

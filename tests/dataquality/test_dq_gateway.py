@@ -27,7 +27,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import gateway_env_for
 from prometheus_client.parser import text_string_to_metric_families
 
 from kanal.cli import main as kanal_main
@@ -214,7 +213,7 @@ class Stack:
 def stack(tansu: TansuBroker, plugin_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     cluster = f"dq-{uuid.uuid4().hex[:8]}"
     env = {
-        **gateway_env_for(tansu),
+        **tansu.gateway_settings(),
         "GATEWAY_ADMIN_API_USERS": USERS,
         "GATEWAY_CLUSTER_ID": cluster,
         "DATA_QUALITY_GROUPS": GROUPS,

@@ -24,7 +24,6 @@ from typing import Any
 
 import pytest
 import trio
-from conftest import gateway_env_for
 from prometheus_client.parser import text_string_to_metric_families
 from wire import WireClient, metadata_request
 
@@ -142,7 +141,7 @@ def probe_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def node_env(broker: TansuBroker, probe: Path, cluster_id: str) -> dict[str, str]:
     return {
-        **gateway_env_for(broker),
+        **broker.gateway_settings(),
         "GATEWAY_ADMIN_API_USERS": USERS,
         "GATEWAY_CLUSTER_ID": cluster_id,
         "PYTHONPATH": str(probe),

@@ -11,7 +11,6 @@ from pathlib import Path
 import pytest
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
-from conftest import gateway_env_for
 from wire import WireClient, metadata_request
 
 from kanal.embedded import GatewayProcess, TansuBroker, free_port
@@ -54,7 +53,7 @@ def test_shutdown_answers_requests_in_flight(
     admin = AdminClient({"bootstrap.servers": tansu.bootstrap})
     for future in admin.create_topics([NewTopic(topic, 1)]).values():
         future.result(timeout=15)
-    gateway = GatewayProcess(gateway_env_for(tansu), log_path=tmp_path / "gateway.log").start()
+    gateway = GatewayProcess(tansu.gateway_settings(), log_path=tmp_path / "gateway.log").start()
     client = WireClient(gateway.bootstrap)
     try:
         client.call(metadata_request([topic]), 1)
@@ -79,7 +78,7 @@ def test_shutdown_answers_requests_in_flight(
 def test_lost_upstream_gives_retriable_errors_then_recovers(tmp_path: Path) -> None:
     port = free_port()
     broker = TansuBroker(port, log_path=tmp_path / "tansu-1.log").start()
-    gateway = GatewayProcess(gateway_env_for(broker), log_path=tmp_path / "gateway.log").start()
+    gateway = GatewayProcess(broker.gateway_settings(), log_path=tmp_path / "gateway.log").start()
     try:
         producer = Producer(
             {"bootstrap.servers": gateway.bootstrap, "message.timeout.ms": 30000, "reconnect.backoff.max.ms": 500}

@@ -19,7 +19,7 @@ from prometheus_client import CollectorRegistry
 from kanal.cli import main
 from kanal.config.errors import ConfigError
 from kanal.config.upstream import UpstreamSettings
-from kanal.embedded import GatewayProcess, free_port, free_port_block
+from kanal.embedded import GatewayProcess, free_port
 from kanal.pipeline.registry import PluginRegistry
 from registry_proxy.srp_helpers import basic, register
 
@@ -146,16 +146,13 @@ def test_kanal_run_hosts_the_proxy(
     tansu: Any, base_env: dict[str, str], upstream: TestRegistry, tmp_path: Path
 ) -> None:
     port = free_port()
-    gateway_env = {
-        "KAFKA_BOOTSTRAP_SERVERS": tansu.bootstrap,
-        "GATEWAY_BIND_HOST": "127.0.0.1",
-        "GATEWAY_ADVERTISED_HOST": "127.0.0.1",
-        "GATEWAY_PORT_START": str(free_port_block(3)),
-        "GATEWAY_PORT_COUNT": "3",
-        "GATEWAY_MIN_BROKERID": str(tansu.node_id),
-        "GATEWAY_HTTP_PORT": str(free_port()),
+    env = {
+        **tansu.gateway_settings(),
+        **base_env,
+        "SRP_ENABLED": "true",
+        "SRP_HTTP_PORT": str(port),
+        "SRP_BIND_HOST": "127.0.0.1",
     }
-    env = {**gateway_env, **base_env, "SRP_ENABLED": "true", "SRP_HTTP_PORT": str(port), "SRP_BIND_HOST": "127.0.0.1"}
     env["AUTHORIZATION_MODE"] = "reactive"  # reaches Kafka through the gateway's own KAFKA_* settings
     env["SRP_COMMANDS_TOPIC"] = f"_srp_cmd_{port}"
     env["SRP_EVENTS_TOPIC"] = f"_srp_evt_{port}"

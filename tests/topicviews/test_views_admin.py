@@ -26,7 +26,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "integration"))
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
-from conftest import gateway_env_for
 from kanal_topicviews.views import view_topic_id
 from wire import WireClient, metadata_request
 
@@ -64,7 +63,7 @@ def plugin_path(tmp_path_factory: pytest.TempPathFactory) -> str:
 @pytest.fixture(scope="module")
 def env(tansu: TansuBroker, plugin_path: str) -> dict[str, str]:
     values = {
-        **gateway_env_for(tansu),
+        **tansu.gateway_settings(),
         "GATEWAY_ADMIN_API_USERS": USERS,
         "GATEWAY_CLUSTER_ID": f"views-{uuid.uuid4().hex[:8]}",
     }

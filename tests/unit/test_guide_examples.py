@@ -27,7 +27,7 @@ from kio.schema.create_topics.v4 import request as create_topics_v4
 from kio.schema.create_topics.v7 import request as create_topics_v7
 from kio.static.primitive import i16, i32
 
-from kanal.embedded import GatewayProcess, TansuBroker, free_port, free_port_block
+from kanal.embedded import GatewayProcess, TansuBroker
 from kanal.pipeline import hookspecs
 from kanal.pipeline.chain import Pipeline
 from kanal.pipeline.context import Connection, RecordsContext, RequestContext
@@ -270,16 +270,7 @@ def example_gateway(tansu: TansuBroker, tmp_path_factory: pytest.TempPathFactory
             }
         )
     )
-    env = {
-        "KAFKA_BOOTSTRAP_SERVERS": tansu.bootstrap,
-        "GATEWAY_BIND_HOST": "127.0.0.1",
-        "GATEWAY_ADVERTISED_HOST": "127.0.0.1",
-        "GATEWAY_PORT_START": str(free_port_block(3)),
-        "GATEWAY_PORT_COUNT": "3",
-        "GATEWAY_MIN_BROKERID": str(tansu.node_id),
-        "GATEWAY_HTTP_PORT": str(free_port()),
-        "PYTHONPATH": str(directory),
-    }
+    env = {**tansu.gateway_settings(), "PYTHONPATH": str(directory)}
     process = GatewayProcess(env, args=("run", "--config", str(config)), log_path=directory / "gateway.log")
     process.start(timeout=30)
     try:

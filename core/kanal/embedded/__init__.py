@@ -2,16 +2,10 @@
 
 ``kanal dev`` and the test-suite share these launchers::
 
-    from kanal.embedded import GatewayProcess, TansuBroker, free_port, free_port_block
+    from kanal.embedded import GatewayProcess, TansuBroker
 
     with TansuBroker() as broker:
-        env = {
-            "KAFKA_BOOTSTRAP_SERVERS": broker.bootstrap,
-            "GATEWAY_PORT_START": str(free_port_block(3)),
-            "GATEWAY_PORT_COUNT": "3",
-            "GATEWAY_MIN_BROKERID": str(broker.node_id),
-        }
-        with GatewayProcess(env) as gateway:
+        with GatewayProcess(broker.gateway_settings()) as gateway:
             ...  # clients connect to gateway.bootstrap
 """
 

@@ -379,6 +379,19 @@ class TansuBroker:
     def bootstrap(self) -> str:
         return f"{self.host}:{self.port}"
 
+    def gateway_settings(self, port_count: int = 3) -> dict[str, str]:
+        """The settings of a gateway in front of this broker on free loopback ports: ``port_count``
+        broker ports from the broker's node id, and the admin HTTP port."""
+        return {
+            "KAFKA_BOOTSTRAP_SERVERS": self.bootstrap,
+            "GATEWAY_BIND_HOST": "127.0.0.1",
+            "GATEWAY_ADVERTISED_HOST": "127.0.0.1",
+            "GATEWAY_PORT_START": str(free_port_block(port_count)),
+            "GATEWAY_PORT_COUNT": str(port_count),
+            "GATEWAY_MIN_BROKERID": str(self.node_id),
+            "GATEWAY_HTTP_PORT": str(free_port()),
+        }
+
     @property
     def pid(self) -> int | None:
         return self._proc.pid if self._proc is not None else None

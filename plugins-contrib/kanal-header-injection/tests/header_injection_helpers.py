@@ -13,22 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from kanal.embedded import GatewayProcess, TansuBroker, free_port, free_port_block
-
-GATEWAY_PORT_COUNT = 3
-
-
-def gateway_env(broker: TansuBroker) -> dict[str, str]:
-    """The environment of a gateway in front of ``broker``, on free local ports."""
-    return {
-        "KAFKA_BOOTSTRAP_SERVERS": broker.bootstrap,
-        "GATEWAY_BIND_HOST": "127.0.0.1",
-        "GATEWAY_ADVERTISED_HOST": "127.0.0.1",
-        "GATEWAY_PORT_START": str(free_port_block(GATEWAY_PORT_COUNT)),
-        "GATEWAY_PORT_COUNT": str(GATEWAY_PORT_COUNT),
-        "GATEWAY_MIN_BROKERID": str(broker.node_id),
-        "GATEWAY_HTTP_PORT": str(free_port()),
-    }
+from kanal.embedded import GatewayProcess, TansuBroker
 
 
 def write_config(directory: Path, interceptors: Sequence[Mapping[str, Any]]) -> Path:
@@ -42,7 +27,7 @@ def write_config(directory: Path, interceptors: Sequence[Mapping[str, Any]]) -> 
 def running_gateway(broker: TansuBroker, config: Path, log_dir: Path) -> Iterator[GatewayProcess]:
     """``python -m kanal run --config <config>`` in front of ``broker``; must stop cleanly."""
     process = GatewayProcess(
-        gateway_env(broker), args=("run", "--config", str(config)), log_path=log_dir / "gateway.log"
+        broker.gateway_settings(), args=("run", "--config", str(config)), log_path=log_dir / "gateway.log"
     )
     process.start(timeout=30)
     try:

@@ -22,7 +22,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from header_injection_helpers import gateway_env as env_for
 from header_injection_helpers import running_gateway, write_config
 from kanal.embedded import GatewayProcess, TansuBroker, gateway_env
 
@@ -315,7 +314,7 @@ def test_bad_config_stops_the_gateway_with_the_interceptor_and_key(tansu: TansuB
     )
     proc = subprocess.run(
         [sys.executable, "-m", "kanal", "run", "--config", str(config)],
-        env=gateway_env(env_for(tansu)),
+        env=gateway_env(tansu.gateway_settings()),
         capture_output=True,
         text=True,
         timeout=60,
