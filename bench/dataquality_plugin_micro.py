@@ -2,7 +2,7 @@
 
 Standalone (no broker, no gateway): ``PYTHONPATH=core:plugins python bench/dataquality_plugin_micro.py``.
 
-What is timed is ``kanal_dataquality.interceptor.scan_batches`` on record batches built with the
+What is timed is ``kanal_dataquality.batches.scan_batches`` on record batches built with the
 gateway's codec (``encode_batch``, 500 records per batch, uncompressed): the generated scanner walks
 the batch bytes, decodes each value with orjson, runs the rules and decides per policy (mark on; every
 record passes, the common case). Two workloads:
@@ -33,8 +33,8 @@ for sub in (ROOT.parent / "core", ROOT.parent / "plugins", ROOT):
         sys.path.insert(0, str(sub))
 
 from dataquality_micro import CEL_RULE, SCHEMA, make_records  # noqa: E402
+from kanal_dataquality.batches import scan_batches  # noqa: E402
 from kanal_dataquality.evaluate import evaluate  # noqa: E402
-from kanal_dataquality.interceptor import scan_batches  # noqa: E402
 from kanal_dataquality.policies import Plan, build_plan, compile_policy  # noqa: E402
 from kanal_dataquality.rules import compile_rule  # noqa: E402
 from kanalbench.dataquality_scenario import CEL as BENCH_CEL  # noqa: E402

@@ -26,18 +26,18 @@ from collections.abc import Awaitable, Mapping
 from typing import Any, ClassVar
 
 from kanal.admin.resources import ResourceError
+from kanal.parallel import HelperProcess
 from kanal.pipeline.context import RecordsContext
 from kanal.pipeline.hookspecs import hookimpl
 from kanal.pipeline.interceptor import Interceptor, InterceptorConfigError
 from kanal.pipeline.results import PartitionError, RecordsResult
 from kanal.protocol.records import Record, RecordBatch
 from kanal_dataquality.actions import INVALID_RECORD
-from kanal_dataquality.cel import PASSED, Outcome
-from kanal_dataquality.evaluate import BatchResult, Violation, evaluate, needed, schema_refs
+from kanal_dataquality.batches import MIN_SPLIT, scan_batches, scan_batches_split
+from kanal_dataquality.evaluate import BatchResult, evaluate, needed, schema_refs
 from kanal_dataquality.policies import Engine, Plan, compile_policy
 from kanal_dataquality.resources import POLICY, RULE, Checks, canonical_policy, canonical_rule, resource_kinds
 from kanal_dataquality.runtime import Runtime, compile_manifests, find_runtime
-from kanal_dataquality.scan import compile_scanner, records_area
 from kanal_dataquality.settings import Settings
 
 __all__ = ["PLUGIN_NAME", "DataQualityInterceptor"]
@@ -154,6 +154,9 @@ class DataQualityInterceptor(Interceptor):
             return None
         registry = runtime.registry
         if not plan.enforce_avro and (registry is None or not (plan.uses_value or plan.uses_key)):
+            helper = runtime.helper
+            if helper is not None and helper.usable and any(b.size >= MIN_SPLIT for b in batches):
+                return self._after_split(ctx, runtime, plan, batches, helper)
             return self._finish(ctx, runtime, plan, scan_batches(plan, batches))
         # schema ids: decoded records, registry lookups first (async, only for ids the cache lacks)
         records = [r for b in batches for r in b.records()]
@@ -163,6 +166,11 @@ class DataQualityInterceptor(Interceptor):
             if missing:
                 return self._after_lookup(ctx, runtime, plan, batches, records, refs, missing)
         return self._finish(ctx, runtime, plan, _attach(batches, evaluate(plan, records, registry, refs)))
+
+    async def _after_split(
+        self, ctx: RecordsContext, runtime: Runtime, plan: Plan, batches: list[RecordBatch], helper: HelperProcess
+    ) -> RecordsResult:
+        return self._finish(ctx, runtime, plan, await scan_batches_split(plan, batches, helper))
 
     async def _after_lookup(
         self,
@@ -221,69 +229,3 @@ def _attach(batches: list[RecordBatch], result: BatchResult) -> BatchResult:
     for v in (*result.violations, *((result.blocked,) if result.blocked else ())):
         v.batch = batches[bisect.bisect_right(ends, v.index)]
     return result
-
-
-def scan_batches(plan: Plan, batches: list[RecordBatch]) -> BatchResult:
-    """Runs a plan over the batches of one partition with the generated scanner (no schema ids)."""
-    scan = plan.scanner
-    if scan is None:
-        scan = plan.scanner = compile_scanner(plan)
-    policy_rules = plan.policy_rules
-    blockers = plan.blockers
-    any_mark = plan.any_mark
-    violations: list[Violation] = []
-    base = 0
-    for batch in batches:
-        blocked: list[Violation] = []
-        kept = len(violations)
-
-        def failed(
-            index: int,
-            outcomes: tuple[Outcome, ...],
-            batch: RecordBatch = batch,
-            base: int = base,
-            blocked: list[Violation] = blocked,
-        ) -> bool:
-            bad = {i for i, o in enumerate(outcomes) if o is not PASSED and not o[0]}
-            for p in blockers:
-                broken = tuple(i for i in policy_rules[p] if i in bad)
-                if broken:
-                    outs = tuple(outcomes[i] for i in broken)
-                    blocked.append(Violation(p, None, broken, outs, base + index, batch))
-                    return True
-            record = batch.records()[index] if any_mark else None
-            for p, indexes in enumerate(policy_rules):
-                broken = tuple(i for i in indexes if i in bad)
-                if broken:
-                    violations.append(
-                        Violation(p, record, broken, tuple(outcomes[i] for i in broken), base + index, batch)
-                    )
-            return False
-
-        if batch.changed():  # an earlier interceptor edited it: evaluate the records it will send
-            result = evaluate(plan, batch.records())
-            for v in (*result.violations, *((result.blocked,) if result.blocked else ())):
-                v.index += base
-                v.batch = batch
-            if result.blocked is not None:
-                return BatchResult(0, result.blocked, [])
-            violations.extend(result.violations)
-        else:
-            try:
-                data, start = records_area(batch)
-                stopped = scan(data, start, batch.records_count, failed)
-            except (IndexError, ValueError):  # not what the header says: the codec decides (and may refuse it)
-                del violations[kept:]
-                blocked.clear()
-                result = evaluate(plan, batch.records())
-                stopped = result.blocked is not None
-                for v in (*result.violations, *((result.blocked,) if result.blocked else ())):
-                    v.index += base
-                    v.batch = batch
-                if result.blocked is not None:
-                    blocked.append(result.blocked)
-                violations.extend(result.violations)
-            if stopped:
-                return BatchResult(0, blocked[0], [])
-        base += batch.records_count
-    return BatchResult(base, None, violations)

@@ -21,9 +21,11 @@ import orjson
 import trio
 
 from kanal.admin.resources import READY, Key, Manifest, StateView, Status
+from kanal.parallel import HelperProcess
 from kanal_dataquality.actions import block_message, details, mark, violation_text
 from kanal_dataquality.alerts import Alerts, Firing, audit_alert
 from kanal_dataquality.avro import SchemaRegistry
+from kanal_dataquality.batches import new_helper
 from kanal_dataquality.evaluate import BatchResult
 from kanal_dataquality.history import History, Reporter, new_node_id
 from kanal_dataquality.metrics import DataQualityMetrics
@@ -106,6 +108,7 @@ class Runtime:
                 negative_ttl=settings.registry_negative_ttl,
             )
         self.engine: Engine = EMPTY
+        self.helper: HelperProcess | None = new_helper() if settings.helper_process else None  # starts when used
         self.alerts = Alerts(self.metrics, self.node, gateway_cluster, self._fired)
         self.history.listeners.append(self.alerts.on_violation)
         self.firings: trio.MemoryReceiveChannel[Firing] | None = None

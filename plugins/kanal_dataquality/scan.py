@@ -46,10 +46,15 @@ from kanal_dataquality.inline import inline
 from kanal_dataquality.policies import Plan
 from kanal_dataquality.rules import CEL_MODE, SCHEMA_MODE, CompiledRule
 
-__all__ = ["Failed", "Scanner", "compile_scanner", "records_area"]
+__all__ = ["Checker", "Failed", "Scanner", "compile_checker", "compile_scanner", "records_area", "skip_records"]
 
 Failed = Callable[[int, tuple[Outcome, ...]], bool]
-Scanner = Callable[[bytes, int, int, Failed], bool]
+#: ``scan(b, p, first, stop, failed, end)``: records ``first`` to ``stop`` (indexes in the batch) start at
+#: ``b[p]`` and end at ``end``; True when ``failed`` blocked the batch.
+Scanner = Callable[[bytes, int, int, int, Failed, int], bool]
+#: ``check(b, p, count, end)``: ``(index, start, end)`` of each record the checks did not clearly pass,
+#: flat, for ``count`` records from ``b[p]`` to ``end``.
+Checker = Callable[[bytes, int, int, int], list[int]]
 
 _EMPTY: dict[str, str] = {}
 
@@ -64,6 +69,27 @@ def records_area(batch: RecordBatch) -> tuple[bytes, int]:
 
 
 _zz = read_zigzag
+
+
+def skip_records(b: bytes, p: int, count: int) -> int:
+    """The position after ``count`` records from ``b[p]``, by their length prefixes only (the scanner
+    that then walks them checks that their fields fill those lengths)."""
+    for _ in range(count):
+        x = b[p]  # the length, zigzag-encoded: odd when negative
+        if x < 0x80:
+            p += 1
+        else:
+            y = b[p + 1]
+            if y < 0x80:
+                x = (x & 0x7F) | (y << 7)
+                p += 2
+            else:
+                x, p = _zz(b, p)
+                x = -1 if x < 0 else x << 1
+        if x & 1 or not x:
+            raise ValueError("record length not positive")
+        p += x >> 1
+    return p
 
 
 def _skip_varints(b: bytes, p: int, count: int) -> int:
@@ -294,15 +320,31 @@ def compile_scanner(plan: Plan) -> Scanner:
     The rules' checks are pasted in; should the loop not compile with them (an expression nested too
     deep for the parser once inside the loop), they are called instead.
     """
+    scan: Scanner = _compile(plan, checker=False)
+    return scan
+
+
+def compile_checker(plan: Plan) -> Checker:
+    """The record loop of one plan without the exact path: it lists the records no check clearly
+    passed, for :func:`compile_scanner`'s loop to decide (the helper process's part of a batch)."""
+    check: Checker = _compile(plan, checker=True)
+    return check
+
+
+def _compile(plan: Plan, checker: bool) -> Any:
     try:
-        return _build(plan, paste=True)
+        return _build(plan, paste=True, checker=checker)
     except (SyntaxError, RecursionError, MemoryError, ValueError):
-        return _build(plan, paste=False)
+        return _build(plan, paste=False, checker=checker)
 
 
-def _build(plan: Plan, paste: bool) -> Scanner:
-    lines = ["def scan(b, p, count, failed):", "    end = len(b)", "    key = None", "    headers = EMPTY"]
-    lines += ["    for index in range(count):", _WALK]
+def _build(plan: Plan, paste: bool, checker: bool) -> Any:
+    if checker:
+        lines = ["def check(b, p, count, end):", "    out = []", "    key = None", "    headers = EMPTY"]
+        lines += ["    for index in range(count):", "        s = p", _WALK]
+    else:
+        lines = ["def scan(b, p, first, stop, failed, end):", "    key = None", "    headers = EMPTY"]
+        lines += ["    for index in range(first, stop):", _WALK]
     lines.append(_KEY_READ if plan.uses_key else _KEY_SKIPPED)
     lines.append(_VALUE_LENGTH)
     lines.append(_VALUE_READ if plan.uses_value else _VALUE_SKIPPED)
@@ -358,19 +400,26 @@ def _build(plan: Plan, paste: bool) -> Scanner:
         "                continue",
         "        except Exception:",
         "            pass",
-        *exact,
-        "        if " + " and ".join(f"{n} is PASSED" for n in names) + ":",
-        "            continue",
-        f"        if failed(index, ({', '.join(names)},)):",
-        "            return True",
+    ]
+    if checker:
+        lines.append("        out += (index, s, p)")
+    else:
+        lines += [
+            *exact,
+            "        if " + " and ".join(f"{n} is PASSED" for n in names) + ":",
+            "            continue",
+            f"        if failed(index, ({', '.join(names)},)):",
+            "            return True",
+        ]
+    lines += [
         "    if p != end:",
         "        raise ValueError('the records do not fill the batch')",
-        "    return False",
+        "    return out" if checker else "    return False",
     ]
     source = "\n".join(line.rstrip("\n") for line in lines)
-    exec(compile(source, f"<data-quality scan, {len(plan.rules)} rules>", "exec"), namespace)
-    scan: Scanner = namespace["scan"]
-    return scan
+    name = "check" if checker else "scan"
+    exec(compile(source, f"<data-quality {name}, {len(plan.rules)} rules>", "exec"), namespace)
+    return namespace[name]
 
 
 def _check(

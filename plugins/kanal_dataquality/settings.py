@@ -57,6 +57,11 @@ VARIABLES: tuple[tuple[str, str, str], ...] = (
         "groups for the Manage data quality permission: YAML {group: {members: [user], permissions: [...]}}",
     ),
     ("DATA_QUALITY_WEBHOOK_TIMEOUT", "5s", "timeout of one alert webhook POST"),
+    (
+        "DATA_QUALITY_HELPER_PROCESS",
+        "true",
+        "whether a helper process checks part of each large produced batch, on another core",
+    ),
 )
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|min|h|d)?\s*$", re.IGNORECASE)
@@ -101,6 +106,7 @@ class Settings:
     observer: bool = True
     groups: Mapping[str, Group] = field(default_factory=dict)
     webhook_timeout: float = 5.0
+    helper_process: bool = True
 
 
 def _duration(env: Mapping[str, str], name: str, default: float, *, maximum: float | None = None) -> float:
@@ -248,4 +254,5 @@ def load_settings(env: Mapping[str, str], gateway_cluster: str = "gateway") -> S
         observer=_bool(env, "DATA_QUALITY_OBSERVER", True),
         groups=_groups(env),
         webhook_timeout=_duration(env, "DATA_QUALITY_WEBHOOK_TIMEOUT", 5.0),
+        helper_process=_bool(env, "DATA_QUALITY_HELPER_PROCESS", True),
     )

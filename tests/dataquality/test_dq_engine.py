@@ -18,9 +18,10 @@ from hypothesis import strategies as st
 from kanal_dataquality.actions import MARK_HEADER
 from kanal_dataquality.alerts import Alerts
 from kanal_dataquality.avro import header_ref, prefix_ref, to_json
+from kanal_dataquality.batches import scan_batches
 from kanal_dataquality.evaluate import decode_key, decode_value, evaluate
 from kanal_dataquality.history import History, Reporter
-from kanal_dataquality.interceptor import DataQualityInterceptor, scan_batches
+from kanal_dataquality.interceptor import DataQualityInterceptor
 from kanal_dataquality.metrics import DataQualityMetrics
 from kanal_dataquality.policies import build_plan, compile_policy, order_policies
 from kanal_dataquality.resources import Checks, canonical_alert, canonical_policy, canonical_rule, resource_kinds

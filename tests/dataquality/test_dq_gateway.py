@@ -354,6 +354,27 @@ def test_mark_adds_the_header(stack: Stack) -> None:
     assert {e["action"] for e in stack.violations(name)} == {"MARKED"}
 
 
+def test_large_batches_are_checked_on_two_cores(stack: Stack) -> None:
+    topic = create_topic(stack.broker, unique("dq-large"))
+    name = unique("large")
+    stack.apply(
+        cel_rule(f"{name}-positive", "value.amount > 0"),
+        policy(name, [f"{name}-positive"], [topic], cluster=stack.cluster, mark=True),
+    )
+    values = [json.dumps({"amount": 10, "pad": "x" * 200, "i": i}).encode() for i in range(2000)]
+    bad = [3, 1990]  # one in the helper process's part of the batch, one in the gateway's
+    for i in bad:
+        values[i] = json.dumps({"amount": -i, "pad": "x" * 200, "i": i}).encode()
+    assert sum(map(len, values)) > 256 * 1024  # one produce batch, large enough to split
+    assert produce_confluent(stack.gateway.bootstrap, topic, values) == [None] * len(values)
+    received = consume_direct(stack.broker, topic, len(values))
+    assert [m.value() for m in received] == values
+    assert [i for i, m in enumerate(received) if MARK_HEADER in headers_of(m)] == bad
+    assert wait_for(lambda: stack.metrics(name)["violations"] == 2 or None)
+    assert stack.metrics(name)["evaluated"] == len(values)
+    assert "kanal-data-quality-helper: helper process" in stack.gateway.tail(500)
+
+
 def test_several_policies_without_a_blocker_all_count(stack: Stack) -> None:
     """Spec case 1: no policy blocks: every policy evaluates and counts, each violated one reports."""
     topic = create_topic(stack.broker, unique("dq-multi"))

@@ -13,9 +13,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from kanal_dataquality import scan
+from kanal_dataquality.batches import scan_batches
 from kanal_dataquality.evaluate import evaluate
 from kanal_dataquality.inline import inline
-from kanal_dataquality.interceptor import scan_batches
 from kanal_dataquality.policies import Plan, build_plan, compile_policy
 from kanal_dataquality.rules import compile_rule
 from kanal_dataquality.scan import compile_scanner

@@ -492,10 +492,12 @@ def test_the_helper_process_gives_what_the_gateway_would() -> None:
     async def main() -> None:
         import kanal_topicviews.pool as pool_module
 
+        import kanal.parallel
+
         pool = HelperPool()
-        old = pool_module.MIN_SPLIT, pool_module._MAP_STEP
+        old = pool_module.MIN_SPLIT, kanal.parallel._MAP_STEP
         pool_module.MIN_SPLIT = 1024  # type: ignore[misc]
-        pool_module._MAP_STEP = 4096  # type: ignore[misc]  # the shared memory grows with the chunks
+        kanal.parallel._MAP_STEP = 4096  # the shared memory grows with the chunks
         try:
             keep_all = view(statement="SELECT * FROM orders WHERE amount >= 0")
             assert await pool.fetch(keep_all.transformer, keep_all.statement, True, good, 0, 0) is good
@@ -527,7 +529,7 @@ def test_the_helper_process_gives_what_the_gateway_would() -> None:
                 )
                 assert local.value.records is not None and records_of(split.value.records)[-1][0] < 1500
         finally:
-            pool_module.MIN_SPLIT, pool_module._MAP_STEP = old  # type: ignore[misc]
+            pool_module.MIN_SPLIT, kanal.parallel._MAP_STEP = old  # type: ignore[misc]
             pool.close()
 
     trio.run(main)
