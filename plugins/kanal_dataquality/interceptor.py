@@ -142,11 +142,18 @@ class DataQualityInterceptor(Interceptor):
 
     # -- the hook
 
-    @hookimpl
-    def kanal_produce_records(self, ctx: RecordsContext) -> RecordsResult | Awaitable[RecordsResult]:
+    def wants_produce_records(self, topic: str) -> bool:
+        """Only the topics a policy targets: produce to the others is forwarded as it arrives."""
+        return self._plan(topic)[1] is not None
+
+    def _plan(self, topic: str) -> tuple[Runtime, Plan | None]:
         runtime = self._runtime or self._resolve()
         engine = self._engine if self._engine is not None else runtime.engine
-        plan = engine.plan(ctx.topic)
+        return runtime, engine.plan(topic)
+
+    @hookimpl
+    def kanal_produce_records(self, ctx: RecordsContext) -> RecordsResult | Awaitable[RecordsResult]:
+        runtime, plan = self._plan(ctx.topic)
         if plan is None:
             return None
         batches = [b for b in ctx.records.batches if not b.is_control and b.records_count]

@@ -418,6 +418,10 @@ class TopicViewsInterceptor(Interceptor):
 
     # -- produce ---------------------------------------------------------------------------------
 
+    def wants_produce_records(self, topic: str) -> bool:
+        """Only views (to refuse writes to them): produce to topics is forwarded as it arrives."""
+        return topic in self.views.by_name or topic in self._id_texts
+
     @hookimpl
     def kanal_produce_records(self, ctx: RecordsContext) -> RecordsResult:
         topic = ctx.topic

@@ -374,6 +374,24 @@ def test_large_batches_are_checked_on_two_cores(stack: Stack) -> None:
     assert stack.metrics(name)["evaluated"] == len(values)
     assert "kanal-data-quality-helper: helper process" in stack.gateway.tail(500)
 
+    # The same batch to a topic no policy targets: forwarded as it arrives, never decoded.
+    other = create_topic(stack.broker, unique("dq-untargeted"))
+    streamed = streamed_produce_requests(stack)
+    assert produce_confluent(stack.gateway.bootstrap, other, values) == [None] * len(values)
+    assert streamed_produce_requests(stack) > streamed
+    received = consume_direct(stack.broker, other, len(values))
+    assert [m.value() for m in received] == values and not any(MARK_HEADER in headers_of(m) for m in received)
+
+
+def streamed_produce_requests(stack: Stack) -> float:
+    text = stack.http.get("/metrics", user=None)[1]
+    return sum(
+        s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+        if s.name == "gateway_streamed_requests_total" and s.labels.get("api_key") == "Produce"
+    )
+
 
 def test_several_policies_without_a_blocker_all_count(stack: Stack) -> None:
     """Spec case 1: no policy blocks: every policy evaluates and counts, each violated one reports."""

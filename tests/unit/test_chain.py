@@ -66,10 +66,35 @@ class OnDemand(FetchWatcher):
         return None
 
 
+class Orders(Interceptor):
+    """Sees the records produced to topics starting with ``orders``."""
+
+    plugin_name = "orders"
+
+    def wants_produce_records(self, topic: str) -> bool:
+        if topic == "broken":
+            raise RuntimeError("cannot tell")
+        return topic.startswith("orders")
+
+    @hookimpl
+    def kanal_produce_records(self, ctx: Any) -> Any:
+        return None
+
+
+class EveryTopic(Interceptor):
+    """Sees the records of every produced topic (the default ``wants_produce_records``)."""
+
+    plugin_name = "every-topic"
+
+    @hookimpl
+    def kanal_produce_records(self, ctx: Any) -> Any:
+        return None
+
+
 class Plugin:
     @hookimpl
     def kanal_interceptor_types(self) -> list[type[Interceptor]]:
-        return [Recorder, Catchall, BadHook, FetchWatcher, OnDemand]
+        return [Recorder, Catchall, BadHook, FetchWatcher, OnDemand, Orders, EveryTopic]
 
 
 @pytest.fixture
@@ -140,6 +165,23 @@ def test_responses_on_demand_are_not_decoded_for_every_request(pipeline: Pipelin
     assert len(chain.responses_for(1)) == 2 and chain.decode_response(1)  # the watcher needs them all
 
 
+def test_produce_is_decoded_only_for_topics_a_records_hook_wants(pipeline: Pipeline) -> None:
+    pipeline.configure([InterceptorSpec(name="orders", plugin="orders")])
+    chain = pipeline.resolve()
+    assert chain.decode_produce(["orders-eu"]) and chain.decode_produce(["payments", "orders-us"])
+    assert not chain.decode_produce(["payments"]) and not chain.decode_produce([])
+    assert chain.decode_produce(None)  # topics not known (ids never named, or not in the first bytes)
+    assert chain.decode_produce(["broken"])  # an interceptor that cannot tell gets its hook called
+    pipeline.configure(
+        [InterceptorSpec(name="orders", plugin="orders"), InterceptorSpec(name="e", plugin="every-topic")]
+    )
+    assert pipeline.resolve().decode_produce(["payments"])
+    pipeline.configure([InterceptorSpec(name="orders", plugin="orders"), spec("requests", tag="r")])
+    assert pipeline.resolve().decode_produce(["payments"])  # a Produce request hook sees every request
+    pipeline.configure([InterceptorSpec(name="views", plugin="on-demand")])
+    assert not pipeline.resolve().decode_produce(None)  # no hook reads Produce
+
+
 class Misspelt(Interceptor):
     plugin_name = "misspelt"
 
@@ -171,7 +213,8 @@ def test_configure_is_all_or_nothing(pipeline: Pipeline) -> None:
 
 def test_unknown_plugin_lists_the_known_ones(pipeline: Pipeline) -> None:
     with pytest.raises(
-        InterceptorConfigError, match=r"unknown plugin 'nope'.*catchall, fetch-watcher, on-demand, recorder"
+        InterceptorConfigError,
+        match=r"unknown plugin 'nope'.*catchall, every-topic, fetch-watcher, on-demand, orders, recorder",
     ):
         pipeline.configure([InterceptorSpec(name="x", plugin="nope")])
 

@@ -1,17 +1,23 @@
+import datetime
+import uuid
+
 import pytest
 from kafka_captures import frames
 
+from kanal.protocol.api import request_class
+from kanal.protocol.entities import build, nested
 from kanal.protocol.headers import (
     InvalidHeader,
     encode_request_header,
     parse_request_header,
     peek_request,
     produce_acks,
+    produce_topics,
     response_correlation_id,
     set_request_correlation_id,
     set_response_correlation_id,
 )
-from kanal.protocol.messages import decode_request
+from kanal.protocol.messages import decode_request, encode_request
 
 
 def test_every_captured_request_header_parses_like_kio() -> None:
@@ -41,6 +47,52 @@ def test_produce_acks_is_read_without_decoding_the_body() -> None:
             seen.add((f.api_version, body.acks))
     assert {v for v, _ in seen} >= {7, 9, 10}
     assert -1 in {a for _, a in seen}  # aiokafka used acks=all
+
+
+def test_produce_topics_are_read_without_decoding_the_body() -> None:
+    seen = set()
+    for f in frames():
+        if f.direction == "c2s" and f.api_key == 0:
+            _, body = decode_request(f.frame)
+            assert produce_topics(f.frame, parse_request_header(f.frame)) == [t.name for t in body.topic_data]
+            seen.add(f.api_version)
+    assert seen >= {7, 9, 10}
+
+
+def _produce(version: int, topics: list[tuple[str, int]], records: bytes) -> bytearray:
+    cls = request_class(0, version)
+    topic_cls = nested(cls, "topic_data")
+    part_cls = nested(topic_cls, "partition_data")
+    data = []
+    for name, partitions in topics:
+        parts = tuple(build(part_cls, index=i, records=records) for i in range(partitions))
+        key = {"topic_id": uuid.uuid5(uuid.NAMESPACE_DNS, name)} if version >= 13 else {"name": name}
+        data.append(build(topic_cls, **key, partition_data=parts))
+    body = build(
+        cls,
+        transactional_id="tx" if version >= 3 else None,
+        acks=-1,
+        timeout=datetime.timedelta(seconds=30),
+        topic_data=tuple(data),
+    )
+    return encode_request(body, 7, "client")
+
+
+@pytest.mark.parametrize("version", range(3, 14))
+def test_produce_topics_from_the_first_bytes_of_a_request(version: int) -> None:
+    def expect(names: list[str]) -> list[object]:
+        return [uuid.uuid5(uuid.NAMESPACE_DNS, n) for n in names] if version >= 13 else list(names)
+
+    records = b"r" * 5000
+    one = _produce(version, [("orders", 3)], records)
+    header = parse_request_header(one)
+    assert produce_topics(one, header) == expect(["orders"])
+    assert produce_topics(one[:100], header) == expect(["orders"])  # one topic: its name is enough
+    several = _produce(version, [("orders", 2), ("payments-é", 1), ("audit", 2)], records)
+    assert produce_topics(several, header) == expect(["orders", "payments-é", "audit"])
+    assert produce_topics(several[:5000], header) is None  # the other names come after records
+    assert produce_topics(_produce(version, [], b""), header) == []
+    assert produce_topics(one[: header.body_offset + 3], header) is None
 
 
 def test_correlation_ids_are_patched_in_place() -> None:

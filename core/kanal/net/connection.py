@@ -35,8 +35,8 @@ from kanal.protocol.headers import (
     InvalidHeader,
     RequestHeader,
     parse_request_header,
-    peek_request,
     produce_acks,
+    produce_topics,
     response_correlation_id,
     set_request_correlation_id,
     set_response_correlation_id,
@@ -334,8 +334,24 @@ class ClientConnection:
         """A large request (its header in) that no hook needs is forwarded while it arrives."""
         if self.gateway.tap is not None:
             return False
-        api_key, _, _ = peek_request(head)
-        return not self.chain().decode_request(api_key)
+        return not self._decodes(self.chain(), parse_request_header(head), head)
+
+    def _decodes(self, chain: ResolvedChain, header: RequestHeader, frame: bytearray) -> bool:
+        """Whether a hook needs this request decoded (``frame``: the request, or its first bytes).
+        A Produce request only for topics that no records hook wants is not."""
+        api_key = header.api_key
+        if api_key != ApiKey.PRODUCE or not chain.produce_records:
+            return chain.decode_request(api_key)
+        topics = produce_topics(frame, header)
+        names: list[str] | None = None
+        if topics is not None:
+            names = []
+            for topic in topics:
+                name = topic if isinstance(topic, str) else self.gateway.topic_names.name(topic)
+                if name is None:  # an id this gateway has not seen named: decode, the hooks decide
+                    return True
+                names.append(name)
+        return chain.decode_produce(names)
 
     async def _handle_request(
         self, frame: bytearray, send: trio.MemorySendChannel[Pending], streamed_size: int | None = None
@@ -352,8 +368,7 @@ class ClientConnection:
         self.info.client_id = header.client_id
         self.gateway.metrics.request(api_key, len(frame) if streamed_size is None else streamed_size)
         chain = self.chain()
-        if chain.decode_request(api_key):
-            assert streamed_size is None
+        if streamed_size is None and self._decodes(chain, header, frame):  # (streamed: no hook needs it)
             await self._intercept_request(frame, header, chain, send, started)
             return
         expects = api_key != ApiKey.PRODUCE or produce_acks(frame, header) != 0

@@ -75,6 +75,7 @@ class ResolvedChain:
     opened: list[Hook] = field(default_factory=list)
     closed: list[Hook] = field(default_factory=list)
     produce_records: list[Hook] = field(default_factory=list)
+    produce_wants: list[Callable[[str], bool]] = field(default_factory=list)
     fetch_records: list[Hook] = field(default_factory=list)
     _requests: dict[int, list[Hook]] = field(default_factory=dict)
     _responses: dict[int, list[Hook]] = field(default_factory=dict)
@@ -111,10 +112,19 @@ class ResolvedChain:
         return ""
 
     def decode_request(self, api_key: int) -> bool:
-        """Whether requests of this API must be decoded for a hook."""
+        """Whether requests of this API must be decoded for a hook (Produce: see :meth:`decode_produce`)."""
         if api_key == ApiKey.PRODUCE and self.produce_records:
             return True
         return bool(self.requests_for(api_key))
+
+    def decode_produce(self, topics: Sequence[str] | None) -> bool:
+        """Whether a Produce request for ``topics`` (None: not known) must be decoded for a hook:
+        for a request hook, or for a records hook whose interceptor wants one of the topics."""
+        if self.requests_for(ApiKey.PRODUCE):
+            return True
+        if not self.produce_records:
+            return False
+        return topics is None or any(_wants(want, topic) for topic in topics for want in self.produce_wants)
 
     def decode_response(self, api_key: int) -> bool:
         """Whether every response of this API must be decoded for a hook (core rules and
@@ -130,6 +140,16 @@ class ResolvedChain:
         return always
 
 
+def _wants(want: Callable[[str], bool], topic: str) -> bool:
+    """An interceptor's ``wants_produce_records``; one that fails wants the records (its hook then
+    runs, with the hook's own error handling)."""
+    try:
+        return bool(want(topic))
+    except Exception:
+        log.exception("wants_produce_records failed for topic %r; decoding the request", topic)
+        return True
+
+
 def _build(interceptors: Sequence[Configured]) -> ResolvedChain:
     chain = ResolvedChain(tuple(interceptors))
     for item in interceptors:
@@ -142,6 +162,8 @@ def _build(interceptors: Sequence[Configured]) -> ResolvedChain:
         ):
             if hook_name in hooks:
                 target.append(hooks[hook_name])
+        if "kanal_produce_records" in hooks:
+            chain.produce_wants.append(item.instance.wants_produce_records)
     return chain
 
 

@@ -146,7 +146,9 @@ class InterceptorHooks:
         Called once per partition batch with decoded records (``ctx.records``); change them in
         place and call ``mark_changed()`` on the batch, or replace a batch's records. Return
         :class:`PartitionError` to fail this partition (its records are not written and the
-        client gets the error code for it; other partitions proceed).
+        client gets the error code for it; other partitions proceed). An interceptor that handles
+        only some topics says which in ``Interceptor.wants_produce_records``: requests for other
+        topics are then not decoded for it.
         """
 
     @hookspec

@@ -32,6 +32,17 @@ class Interceptor:
     def __init__(self, config: Mapping[str, Any]) -> None:
         self.config = dict(config)
 
+    def wants_produce_records(self, topic: str) -> bool:
+        """Whether ``kanal_produce_records`` is to see the records produced to ``topic``.
+
+        The default, True, has every Produce request decoded for this interceptor. Answer False for
+        the topics your hook would return at once for: a Produce request none of whose topics any
+        interceptor wants is forwarded as it arrived (a large one while it arrives, its records never
+        entering the gateway). The hook may still be called for such a topic when the request also
+        holds a wanted one. Called per request, so keep it to a lookup.
+        """
+        return True
+
 
 @dataclass(frozen=True, slots=True)
 class Scope:

@@ -8,6 +8,7 @@ for flexible versions.
 from __future__ import annotations
 
 import struct
+import uuid
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -164,3 +165,83 @@ def produce_acks(frame: bytes | bytearray | memoryview, header: RequestHeader) -
         raise InvalidHeader("truncated Produce request")
     acks: int = _I16.unpack_from(frame, pos)[0]
     return acks
+
+
+def produce_topics(frame: bytes | bytearray | memoryview, header: RequestHeader) -> list[str | uuid.UUID] | None:
+    """The topics of a Produce request (names; ids from v13), read without decoding it, or None when
+    ``frame`` (possibly only the start of a large request) does not hold them all.
+
+    The records of a topic come before the next topic's name, so a request for one topic (any
+    number of its partitions) is answered from its first bytes; for several, the walk skips the
+    records of all but the last topic and needs them in ``frame``.
+    """
+    version = header.api_version
+    flexible = header.header_version >= 2
+    end = len(frame)
+    try:
+        pos = header.body_offset
+        if version >= 3:  # transactional_id
+            pos = _skip_string(frame, pos, flexible)
+        pos += 6  # acks, timeout
+        count, pos = _array_length(frame, pos, flexible)
+        topics: list[str | uuid.UUID] = []
+        for i in range(count):
+            if version >= 13:
+                if pos + 16 > end:
+                    return None
+                topics.append(uuid.UUID(bytes=bytes(frame[pos : pos + 16])))
+                pos += 16
+            else:
+                start = pos
+                pos = _skip_string(frame, pos, flexible)
+                if pos > end:
+                    return None
+                topics.append(_string_at(frame, start, pos, flexible))
+            if i == count - 1:
+                return topics
+            partitions, pos = _array_length(frame, pos, flexible)
+            for _ in range(partitions):
+                pos += 4  # index
+                if flexible:
+                    n, pos = read_uvarint(frame, pos)
+                    pos += max(n - 1, 0)
+                    pos = skip_tagged_fields(frame, pos)
+                else:
+                    if pos + 4 > end:
+                        return None
+                    pos += 4 + max(_I32.unpack_from(frame, pos)[0], 0)
+            if flexible:
+                pos = skip_tagged_fields(frame, pos)
+    except (InvalidHeader, IndexError, struct.error, UnicodeDecodeError):
+        return None
+    return topics
+
+
+def _array_length(frame: bytes | bytearray | memoryview, pos: int, flexible: bool) -> tuple[int, int]:
+    if flexible:
+        n, pos = read_uvarint(frame, pos)
+        return max(n - 1, 0), pos
+    if pos + 4 > len(frame):
+        raise InvalidHeader("truncated array length")
+    count: int = _I32.unpack_from(frame, pos)[0]
+    return max(count, 0), pos + 4
+
+
+def _skip_string(frame: bytes | bytearray | memoryview, pos: int, flexible: bool) -> int:
+    """The position after a (nullable) string."""
+    if flexible:
+        n, pos = read_uvarint(frame, pos)
+        return pos + max(n - 1, 0)
+    if pos + 2 > len(frame):
+        raise InvalidHeader("truncated string length")
+    length: int = _I16.unpack_from(frame, pos)[0]
+    return pos + 2 + max(length, 0)
+
+
+def _string_at(frame: bytes | bytearray | memoryview, start: int, end: int, flexible: bool) -> str:
+    """The string whose length prefix starts at ``start`` and whose text ends at ``end``."""
+    if flexible:
+        _, start = read_uvarint(frame, start)
+    else:
+        start += 2
+    return bytes(frame[start:end]).decode("utf-8")

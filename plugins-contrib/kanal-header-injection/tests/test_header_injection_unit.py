@@ -190,6 +190,9 @@ def test_topics_not_selected_are_forwarded_byte_for_byte() -> None:
     assert headers_of(out)[0][-1] == ("x-origin", b"kanal")
     _, out = run(config, data, topic="orders")
     assert headers_of(out)[0][-1] == ("x-origin", b"kanal")
+    interceptor = HeaderInjection(config)  # requests for other topics are not even decoded
+    assert [interceptor.wants_produce_records(t) for t in ("orders", "pay-1", "orders-eu")] == [True, True, False]
+    assert HeaderInjection({"headers": {"x-origin": "kanal"}}).wants_produce_records("anything")
 
 
 def test_every_batch_of_the_partition_is_changed_and_control_batches_are_not() -> None:

@@ -99,9 +99,13 @@ class HeaderInjection(Interceptor):
 
     # -- the hook
 
+    def wants_produce_records(self, topic: str) -> bool:
+        """Requests for other topics are then not decoded for this interceptor at all."""
+        return self._applies(topic)
+
     @hookimpl
     def kanal_produce_records(self, ctx: RecordsContext) -> None:
-        if not self._applies(ctx.topic):
+        if not self._applies(ctx.topic):  # the same request may hold a topic that applies
             return None
         batches = [b for b in ctx.records.batches if not b.is_control and b.records_count]
         if not batches:
