@@ -13,11 +13,13 @@ other part meanwhile::
 
 ``handle(job, part) -> bytes`` runs in the helper process: ``job`` is any JSON value, ``part`` the
 bytes handed over, and its answer must be non-empty. State it builds (compiled rules, say) it keeps
-in its own module, keyed by what the job names. The process starts (``spawn``) with the first job,
-serves one job at a time (a second caller waits its turn, so the split stays what the plugin chose)
-and exits when the gateway closes its pipe. The part goes through memory both processes map (an
-anonymous memfd, grown in steps; the pipe where memfd is missing): through the pipe, a few MB cost
-each side about 3 ms.
+in its own module, keyed by what the job names. The first job starts the process (``spawn``) in the
+background: starting and importing the handler's module take about half a second, and until the
+process says it is ready ``run`` answers None at once, so no request waits for it (``ready()``
+waits, for those who want to). It serves one job at a time (a second caller waits its turn, so the
+split stays what the plugin chose) and exits when the gateway closes its pipe. The part goes through
+memory both processes map (an anonymous memfd, grown in steps; the pipe where memfd is missing):
+through the pipe, a few MB cost each side about 3 ms.
 
 When the handler raises, ``run`` logs it and answers None for that job; when the process is gone,
 it answers None and the helper is not used again (``usable`` turns False). Either way the caller
@@ -46,6 +48,7 @@ Handler = Callable[[Any, bytes], bytes]
 T = TypeVar("T")
 
 _SHARED_MEMORY: Final = hasattr(os, "memfd_create")
+_READY: Final = b"ready"
 #: The shared memory grows in steps of this size (and by a quarter more than the part asking for it).
 _MAP_STEP = 1 << 20
 
@@ -56,10 +59,11 @@ class HelperProcess:
     def __init__(self, name: str, handler: Handler) -> None:
         self.name = name
         self._handler = handler
-        self._conn: Connection | None = None
+        self._conn: Connection | None = None  # set once the process is ready
         self._process: Any = None
         self._lock = trio.Lock()
         self._broken = False
+        self._booting: trio.Event | None = None
         self._shared: mmap.mmap | None = None
 
     @property
@@ -69,18 +73,31 @@ class HelperProcess:
 
     @property
     def started(self) -> bool:
-        """Whether the process runs (it starts with the first job)."""
+        """Whether the process is ready for jobs (it starts with the first one)."""
+        return self._conn is not None
+
+    def start(self) -> None:
+        """Starts the process in the background unless it runs, is starting, or is gone."""
+        if self._conn is None and not self._broken:
+            self._start()
+
+    async def ready(self) -> bool:
+        """Starts the process if need be and waits until it is ready; False when it cannot run."""
+        if self._conn is None and not self._broken:
+            await self._start().wait()
         return self._conn is not None
 
     async def run(self, job: Any, part: bytes | memoryview, local: Callable[[], T]) -> tuple[T, bytes | None]:
         """``local()``, called while the helper runs ``handler(job, part)``; returns both answers, the
-        helper's None when it could not do the job. An exception from ``local`` propagates once the
-        helper's answer is read (left unread, it would be taken for the next job's)."""
+        helper's None when it could not do the job (or is not ready yet). An exception from ``local``
+        propagates once the helper's answer is read (left unread, it would be taken for the next job's)."""
+        if self._conn is None:
+            self.start()
+            return local(), None
         async with self._lock:
-            conn = None
-            if not self._broken:
+            conn: Connection | None = self._conn  # (another job may have found the process gone)
+            if conn is not None:
                 try:
-                    conn = await self._start()
                     self._send(conn, job, memoryview(part))
                 except (OSError, EOFError, ValueError) as exc:
                     self._fail(exc)
@@ -94,16 +111,34 @@ class HelperProcess:
                 raise
             return mine, await self._receive(conn)
 
-    async def _start(self) -> Connection:
-        if self._conn is None:
+    def _start(self) -> trio.Event:
+        """Starts the process in the background (once); the event is set when that has ended."""
+        if self._booting is None:
+            self._booting = trio.Event()
+            trio.lowlevel.spawn_system_task(self._boot, name=f"{self.name} start")
+        return self._booting
+
+    async def _boot(self) -> None:
+        assert self._booting is not None
+        parent: Connection | None = None
+        try:
             context = multiprocessing.get_context("spawn")
             parent, child = context.Pipe()
             process = context.Process(target=_serve, args=(child, self._handler), name=self.name, daemon=True)
             await trio.to_thread.run_sync(process.start)
             child.close()
-            self._conn, self._process = parent, process
+            self._process = process
+            # The process says so once it has the handler (its module imported): jobs need not wait.
+            if await trio.to_thread.run_sync(parent.recv_bytes, abandon_on_cancel=True) != _READY:
+                raise EOFError("the helper process did not start")
+            self._conn = parent
             log.info("%s: helper process %d started", self.name, process.pid)
-        return self._conn
+        except Exception as exc:  # (a system task: nothing may escape it)
+            if parent is not None and self._conn is None:
+                parent.close()
+            self._fail(exc)
+        finally:
+            self._booting.set()
 
     def _send(self, conn: Connection, job: Any, part: memoryview) -> None:
         """Hands ``part`` over: through the shared memory (grown, and its new handle sent, when ``part``
@@ -171,6 +206,10 @@ class HelperProcess:
 def _serve(conn: Connection, handler: Handler) -> None:
     """The helper process: run the jobs the gateway sends until the pipe closes. A handler's answer
     goes back as it is; a failure as an empty message followed by its text."""
+    try:
+        conn.send_bytes(_READY)
+    except (EOFError, OSError):
+        return
     shared: mmap.mmap | None = None
     while True:
         try:

@@ -12,7 +12,8 @@ gateway runs its loop over the rest (:data:`LOCAL_SHARE` of them). The helper an
 its records the checks did not clearly pass (usually none), and the gateway then decides those with
 the exact path, in order, before its own part's results: a blocking violation in the helper's part
 comes first, as it would in one pass. The helper rebuilds the rules from their sources (compiled once
-per plan in that process). Should it fail, the gateway runs that part itself;
+per plan in that process). The first large batch starts the helper in the background (batches stay in
+the gateway until it is ready); should it fail, the gateway runs that part itself;
 ``DATA_QUALITY_HELPER_PROCESS=false`` keeps everything in the gateway.
 """
 
@@ -96,7 +97,9 @@ class _Run:
     async def split_batch(self, batch: RecordBatch, helper: HelperProcess) -> Violation | None:
         """:meth:`batch`, the first records checked by ``helper`` when the batch is large."""
         count = batch.records_count
-        if batch.size < MIN_SPLIT or count < 2 or batch.changed() or not helper.usable:
+        if batch.size < MIN_SPLIT or count < 2 or batch.changed() or not helper.started:
+            if batch.size >= MIN_SPLIT:
+                helper.start()  # in the background: this batch, and those until it is ready, stay here
             return self.batch(batch)
         kept = len(self.violations)
         try:

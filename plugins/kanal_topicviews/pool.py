@@ -66,18 +66,25 @@ class HelperPool:
 
     @property
     def started(self) -> bool:
-        """Whether the helper process runs (it starts with the first large chunk)."""
+        """Whether the helper process is ready (it starts with the first large chunk)."""
         return self._helper.started
+
+    async def ready(self) -> bool:
+        """Starts the helper process if need be and waits until it is ready."""
+        return await self._helper.ready()
 
     async def fetch(self, transformer: Transformer, statement: str, drop: bool, data: bytes, partition: int,
                     fetch_offset: int) -> bytes:  # fmt: skip
         """``transformer.fetch(data, partition, fetch_offset)``, with the second part done by the helper.
         Raises :class:`FetchFailed` as the transformer would."""
-        cut = split_point(data, LOCAL_SHARE) if len(data) >= MIN_SPLIT and self._helper.usable else None
-        if cut is None:
+        helper = self._helper
+        cut = split_point(data, LOCAL_SHARE) if len(data) >= MIN_SPLIT and helper.usable else None
+        if cut is None or not helper.started:
+            if cut is not None:
+                helper.start()  # in the background: this chunk, and those until it is ready, stay here
             return transformer.fetch(data, partition, fetch_offset)
         job = [statement, drop, partition, fetch_offset]
-        first, reply = await self._helper.run(
+        first, reply = await helper.run(
             job, memoryview(data)[cut:], lambda: transformer.fetch(data, partition, fetch_offset, cut)
         )
         if reply is None:  # the helper could not: the second part here

@@ -85,6 +85,7 @@ def summary(result: BatchResult) -> Any:
 def helper(monkeypatch: pytest.MonkeyPatch) -> Iterator[HelperProcess]:
     monkeypatch.setattr(batches_module, "MIN_SPLIT", 1024)  # the test batches are tens of KB
     process = new_helper()
+    assert trio.run(process.ready)
     yield process
     process.close()
 

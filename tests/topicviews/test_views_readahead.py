@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import trio
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "integration"))
 
@@ -85,7 +86,13 @@ def setup(tansu: TansuBroker) -> Iterator[Setup]:
             },
         }
         assert {s.state for s in topic_view_kind(gateway).apply([manifest], _NoState()).values()} == {"Ready"}
-        yield Setup(gateway, view, expected)
+        ready = Setup(gateway, view, expected)
+        runtime = ready.interceptor().runtime
+        assert runtime is not None and runtime.pool is not None
+        # The first large chunk would start the helper process in the background (that chunk and the
+        # next ones then stay in the gateway until it is ready): started here, so that it takes part.
+        assert trio.run(runtime.pool.ready)
+        yield ready
 
 
 def test_confluent_from_the_beginning(setup: Setup) -> None:

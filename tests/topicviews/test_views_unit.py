@@ -499,6 +499,7 @@ def test_the_helper_process_gives_what_the_gateway_would() -> None:
         pool_module.MIN_SPLIT = 1024  # type: ignore[misc]
         kanal.parallel._MAP_STEP = 4096  # the shared memory grows with the chunks
         try:
+            assert await pool.ready()
             keep_all = view(statement="SELECT * FROM orders WHERE amount >= 0")
             assert await pool.fetch(keep_all.transformer, keep_all.statement, True, good, 0, 0) is good
             for on_error in ("DROP", "FAIL_FETCH"):

@@ -30,6 +30,7 @@ def test_jobs_run_in_another_process_while_the_caller_works(monkeypatch: pytest.
         helper = HelperProcess("kanal-test-helper", digest)
         try:
             assert not helper.started
+            assert await helper.ready() and helper.started
             for size in (10, 3000, 5000, 100_000, 50, 0):  # growing, then reusing the shared memory
                 part = os.urandom(size)
                 mine, reply = await helper.run("job", memoryview(part), lambda: os.getpid())
@@ -41,10 +42,27 @@ def test_jobs_run_in_another_process_while_the_caller_works(monkeypatch: pytest.
     trio.run(main)
 
 
+def test_no_job_waits_for_the_process_to_start() -> None:
+    async def main() -> None:
+        helper = HelperProcess("kanal-test-helper", digest)
+        try:
+            with trio.fail_after(0.2):  # starting takes about half a second: the first jobs stay here
+                assert await helper.run("early", b"abc", lambda: 1) == (1, None)
+                assert await helper.run("early", b"abc", lambda: 2) == (2, None)
+            assert not helper.started
+            assert await helper.ready()
+            assert await helper.run("later", b"abc", lambda: 3) == (3, digest("later", b"abc"))
+        finally:
+            helper.close()
+
+    trio.run(main)
+
+
 def test_a_failed_job_answers_none_and_the_helper_keeps_serving(caplog: pytest.LogCaptureFixture) -> None:
     async def main() -> None:
         helper = HelperProcess("kanal-test-helper", digest)
         try:
+            assert await helper.ready()
             assert await helper.run("fail", b"abc", lambda: 1) == (1, None)
             assert await helper.run("nothing", b"abc", lambda: 2) == (2, None)
             assert await helper.run("ok", b"abc", lambda: 3) == (3, digest("ok", b"abc"))
@@ -64,6 +82,7 @@ def test_an_exception_of_the_caller_keeps_the_helper_in_step() -> None:
     async def main() -> None:
         helper = HelperProcess("kanal-test-helper", digest)
         try:
+            assert await helper.ready()
             with pytest.raises(KeyError):
                 await helper.run("first", b"one", boom)
             # the first job's answer was read: this one gets its own
@@ -78,13 +97,14 @@ def test_when_the_process_is_gone_jobs_stay_with_the_caller(caplog: pytest.LogCa
     async def main() -> None:
         helper = HelperProcess("kanal-test-helper", digest)
         try:
+            assert await helper.ready()
             assert (await helper.run("a", b"x", lambda: 1))[1] is not None
             os.kill(helper._process.pid, signal.SIGKILL)
             helper._process.join(5)
             assert await helper.run("b", b"y", lambda: 2) == (2, None)
             assert not helper.usable
             assert await helper.run("c", b"z", lambda: 3) == (3, None)  # not started again
-            assert not helper.started
+            assert not helper.started and not await helper.ready()
         finally:
             helper.close()
 
