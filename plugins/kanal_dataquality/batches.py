@@ -5,8 +5,8 @@ every record some rule failed; a batch an earlier interceptor edited, or one the
 goes through the gateway's codec and ``evaluate`` instead. The outcome is what ``evaluate`` gives on
 the records in order (:mod:`kanal_dataquality.policies` says which violations count).
 
-**Large batches, two cores.** The gateway runs in one thread. A batch of at least :data:`MIN_SPLIT` bytes
-is split at a record boundary: a helper process
+**Large batches, two cores.** The gateway runs in one thread. A batch whose records take at least
+:data:`MIN_SPLIT` bytes (decompressed) is split at a record boundary: a helper process
 (:class:`kanal.parallel.HelperProcess`) runs the plan's checks over the first records while the
 gateway runs its loop over the rest (:data:`LOCAL_SHARE` of them). The helper answers only which of
 its records the checks did not clearly pass (usually none), and the gateway then decides those with
@@ -26,16 +26,17 @@ from typing import Any, Final
 import orjson
 
 from kanal.parallel import HelperProcess
-from kanal.protocol.records import RecordBatch
+from kanal.protocol.records import NONE, RecordBatch
 from kanal_dataquality.cel import PASSED, Outcome
 from kanal_dataquality.evaluate import BatchResult, Violation, evaluate
 from kanal_dataquality.policies import CompiledPolicy, Plan, build_plan
 from kanal_dataquality.rules import CEL, JSON_SCHEMA, compile_rule
 from kanal_dataquality.scan import Checker, Failed, compile_checker, compile_scanner, records_area, skip_records
 
-__all__ = ["LOCAL_SHARE", "MIN_SPLIT", "check_part", "new_helper", "scan_batches", "scan_batches_split"]
+__all__ = ["LOCAL_SHARE", "MIN_SPLIT", "check_part", "may_split", "new_helper", "scan_batches", "scan_batches_split"]
 
-#: The smallest batch (bytes) worth a helper's part: about 1,300 records of 200 bytes.
+#: The smallest batch (bytes of records, decompressed) worth a helper's part: about 1,300 records of
+#: 200 bytes.
 MIN_SPLIT = 256 * 1024
 #: The part of a split batch's records the gateway runs: it also receives, decodes and forwards the
 #: request, and decides the records the helper reports.
@@ -43,7 +44,15 @@ LOCAL_SHARE: Final = 0.5
 
 
 def new_helper() -> HelperProcess:
+    """The data-quality helper process (it starts with the first large batch)."""
     return HelperProcess("kanal-data-quality-helper", check_part)
+
+
+def may_split(batch: RecordBatch) -> bool:
+    """Whether a batch may be large enough to split: by its size, or for a compressed one by its
+    record count (it is measured once decompressed)."""
+    count = batch.records_count
+    return count >= 2 and (batch.size >= MIN_SPLIT or (batch.compression != NONE and count >= MIN_SPLIT // 256))
 
 
 def scan_batches(plan: Plan, batches: Sequence[RecordBatch]) -> BatchResult:
@@ -84,10 +93,7 @@ class _Run:
         try:
             if not batch.changed():  # else an earlier interceptor edited it: the codec has the records it sends
                 data, start = records_area(batch)
-                blocked: list[Violation] = []
-                failed = self._failed(batch, blocked, self.violations)
-                stopped = self.scan(data, start, 0, batch.records_count, failed, len(data))
-                return blocked[0] if stopped else None
+                return self._scan(batch, data, start)
         except (IndexError, ValueError):  # not what the header says: the codec decides (and may refuse it)
             del self.violations[kept:]
         finally:
@@ -96,14 +102,16 @@ class _Run:
 
     async def split_batch(self, batch: RecordBatch, helper: HelperProcess) -> Violation | None:
         """:meth:`batch`, the first records checked by ``helper`` when the batch is large."""
-        count = batch.records_count
-        if batch.size < MIN_SPLIT or count < 2 or batch.changed() or not helper.started:
-            if batch.size >= MIN_SPLIT:
-                helper.start()  # in the background: this batch, and those until it is ready, stay here
+        if not may_split(batch) or batch.changed():
             return self.batch(batch)
+        count = batch.records_count
         kept = len(self.violations)
         try:
             data, start = records_area(batch)
+            if len(data) - start < MIN_SPLIT or not helper.started:
+                if len(data) - start >= MIN_SPLIT:
+                    helper.start()  # in the background: this batch, and those until it is ready, stay here
+                return self._scan(batch, data, start)
             first = count - max(1, int(count * LOCAL_SHARE))  # the helper's records: 0 to first
             cut = skip_records(data, start, first)
             return await self._split(batch, helper, data, start, first, cut)
@@ -112,6 +120,13 @@ class _Run:
         finally:
             self.base += count
         return self._codec(batch)
+
+    def _scan(self, batch: RecordBatch, data: bytes, start: int) -> Violation | None:
+        """The generated loop over a whole batch; raises ValueError or IndexError where it cannot walk."""
+        blocked: list[Violation] = []
+        failed = self._failed(batch, blocked, self.violations)
+        stopped = self.scan(data, start, 0, batch.records_count, failed, len(data))
+        return blocked[0] if stopped else None
 
     async def _split(
         self, batch: RecordBatch, helper: HelperProcess, data: bytes, start: int, first: int, cut: int

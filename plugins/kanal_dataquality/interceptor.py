@@ -33,7 +33,7 @@ from kanal.pipeline.interceptor import Interceptor, InterceptorConfigError
 from kanal.pipeline.results import PartitionError, RecordsResult
 from kanal.protocol.records import Record, RecordBatch
 from kanal_dataquality.actions import INVALID_RECORD
-from kanal_dataquality.batches import MIN_SPLIT, scan_batches, scan_batches_split
+from kanal_dataquality.batches import may_split, scan_batches, scan_batches_split
 from kanal_dataquality.evaluate import BatchResult, evaluate, needed, schema_refs
 from kanal_dataquality.policies import Engine, Plan, compile_policy
 from kanal_dataquality.resources import POLICY, RULE, Checks, canonical_policy, canonical_rule, resource_kinds
@@ -162,7 +162,7 @@ class DataQualityInterceptor(Interceptor):
         registry = runtime.registry
         if not plan.enforce_avro and (registry is None or not (plan.uses_value or plan.uses_key)):
             helper = runtime.helper
-            if helper is not None and helper.usable and any(b.size >= MIN_SPLIT for b in batches):
+            if helper is not None and helper.usable and any(may_split(b) for b in batches):
                 return self._after_split(ctx, runtime, plan, batches, helper)
             return self._finish(ctx, runtime, plan, scan_batches(plan, batches))
         # schema ids: decoded records, registry lookups first (async, only for ids the cache lacks)

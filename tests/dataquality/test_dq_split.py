@@ -21,7 +21,7 @@ from kanal_dataquality.batches import check_part, new_helper, scan_batches, scan
 from kanal_dataquality.evaluate import BatchResult
 from kanal_dataquality.policies import Plan, build_plan, compile_policy, order_policies
 from kanal_dataquality.rules import compile_rule
-from kanal_dataquality.scan import skip_records
+from kanal_dataquality.scan import records_area, skip_records
 
 from kanal.parallel import HelperProcess
 from kanal.protocol.records import LZ4, NONE, Record, RecordBatch, RecordSet, encode_batch, zigzag_bytes
@@ -110,6 +110,26 @@ def test_violations_in_both_parts_come_in_record_order(helper: HelperProcess) ->
         assert split == reference
         assert len(reference[2]) >= len(bad)
     assert helper.started  # the large batches were split
+
+
+def test_compressed_batches_are_measured_decompressed(helper: HelperProcess, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(batches_module, "MIN_SPLIT", 64 * 1024)
+    calls: list[bool] = []
+    run = helper.run
+
+    async def counted(job: Any, part: bytes | memoryview, local: Any) -> Any:
+        answer = await run(job, part, local)
+        calls.append(answer[1] is not None)
+        return answer
+
+    monkeypatch.setattr(helper, "run", counted)
+    large = batch_of(values_with({3: {"amount": -1}, 900: {"currency": "GBP"}}, 1000), LZ4)
+    assert large.size < 64 * 1024 and len(records_area(large)[0]) > 64 * 1024  # small only compressed
+    split, reference = both(MARK, [large], helper)
+    assert split == reference and calls == [True]
+    small = batch_of(values_with({3: {"amount": -1}}, 100), LZ4)
+    split, reference = both(MARK, [small], helper)
+    assert split == reference and calls == [True]  # not worth a helper's part
 
 
 def test_the_first_blocking_record_decides_wherever_it_is(helper: HelperProcess) -> None:
