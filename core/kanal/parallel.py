@@ -68,7 +68,7 @@ class HelperProcess:
 
     @property
     def usable(self) -> bool:
-        """False once the process is gone: jobs are then the caller's alone."""
+        """False once the process is gone (or closed): jobs are then the caller's alone."""
         return not self._broken
 
     @property
@@ -131,13 +131,14 @@ class HelperProcess:
             # The process says so once it has the handler (its module imported): jobs need not wait.
             if await trio.to_thread.run_sync(parent.recv_bytes, abandon_on_cancel=True) != _READY:
                 raise EOFError("the helper process did not start")
-            self._conn = parent
-            log.info("%s: helper process %d started", self.name, process.pid)
+            if not self._broken:  # (else closed meanwhile)
+                self._conn = parent
+                log.info("%s: helper process %d started", self.name, process.pid)
         except Exception as exc:  # (a system task: nothing may escape it)
-            if parent is not None and self._conn is None:
-                parent.close()
             self._fail(exc)
         finally:
+            if parent is not None and self._conn is not parent:
+                parent.close()  # the process, if any, then exits
             self._booting.set()
 
     def _send(self, conn: Connection, job: Any, part: memoryview) -> None:
@@ -185,11 +186,11 @@ class HelperProcess:
 
     def _fail(self, exc: BaseException) -> None:
         log.warning("%s: the helper process is gone (%s); the gateway does all the work", self.name, exc)
-        self._broken = True
         self.close(wait=False)
 
     def close(self, wait: bool = True) -> None:
-        """Closes the pipe (the process then exits); with ``wait``, waits for it a little."""
+        """Closes the pipe (the process then exits) for good; with ``wait``, waits for it a little."""
+        self._broken = True
         if self._conn is not None:
             self._conn.close()
             self._conn = None

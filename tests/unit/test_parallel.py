@@ -58,6 +58,17 @@ def test_no_job_waits_for_the_process_to_start() -> None:
     trio.run(main)
 
 
+def test_a_closed_helper_is_not_started_again() -> None:
+    async def main() -> None:
+        helper = HelperProcess("kanal-test-helper", digest)
+        assert await helper.run("early", b"abc", lambda: 1) == (1, None)  # starting in the background
+        helper.close()
+        assert not await helper.ready() and not helper.usable  # the start ended without a process
+        assert await helper.run("late", b"abc", lambda: 2) == (2, None)
+
+    trio.run(main)
+
+
 def test_a_failed_job_answers_none_and_the_helper_keeps_serving(caplog: pytest.LogCaptureFixture) -> None:
     async def main() -> None:
         helper = HelperProcess("kanal-test-helper", digest)
