@@ -380,3 +380,31 @@ def test_compacted_log_round_trip(tansu: TansuBroker) -> None:
         await log.aclose()
 
     trio.run(main)
+
+
+def test_a_compacted_log_is_shared_by_tasks(tansu: TansuBroker) -> None:
+    """One log used by several tasks at once (the registry proxy heartbeats while it acknowledges
+    commands on the same events topic): calls take turns on its one connection."""
+    from kanal.admin.kafka_log import CompactedLog
+    from kanal.config.upstream import parse_upstream
+
+    topic = f"_kanal_log-test-{uuid.uuid4().hex[:8]}_shared"
+    upstream = parse_upstream({"KAFKA_BOOTSTRAP_SERVERS": tansu.bootstrap}, {})
+
+    async def main() -> None:
+        log = CompactedLog(topic, upstream, timeout=5)
+        await log.ensure_topic()
+
+        async def writer(name: bytes) -> None:
+            for i in range(30):
+                await log.append(name, b"%d" % i)
+
+        async with trio.open_nursery() as nursery:
+            for name in (b"a", b"b", b"c"):
+                nursery.start_soon(writer, name)
+            nursery.start_soon(log.end_offset)
+        records, next_offset = await log.read(0)
+        assert next_offset == 90 and sorted(r.key for r in records) == [b"a"] * 30 + [b"b"] * 30 + [b"c"] * 30
+        await log.aclose()
+
+    trio.run(main)

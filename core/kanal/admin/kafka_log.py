@@ -65,6 +65,7 @@ class CompactedLog:
         self.timeout = timeout
         self._leader: BrokerCalls | None = None
         self._bootstrap = Bootstrap(upstream.bootstrap_servers)
+        self._turn = trio.Lock()  # one call at a time on the connection: tasks may share a log
 
     async def _bootstrap_connection(self) -> BrokerCalls:
         try:
@@ -99,7 +100,11 @@ class CompactedLog:
     async def _call(self, make: Any, timeout: float | None = None) -> Any:
         """Calls ``make(connection)``'s request on the leader; on a broken connection (a broker closes
         idle ones) reconnects and tries once more. Writes are idempotent here: the same key and value
-        written twice leave the same state."""
+        written twice leave the same state. Calls from several tasks take turns."""
+        async with self._turn:
+            return await self._call_now(make, timeout)
+
+    async def _call_now(self, make: Any, timeout: float | None) -> Any:
         for attempt in (1, 2):
             try:
                 connection = await self._connection()
