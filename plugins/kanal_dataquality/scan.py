@@ -266,6 +266,7 @@ _HEADERS_SKIPPED = """\
         p = rend
 """
 
+# The header section when a rule reads headers: checked the same way, then read by ``{read}``.
 _HEADERS_READ = """\
         if b[p] == 0:
             if p + 1 != rend:
@@ -274,7 +275,7 @@ _HEADERS_READ = """\
         elif rend > end or rend <= p:
             raise ValueError("record length mismatch")
         else:
-            headers = {call}
+{read}
         p = rend
 """
 
@@ -285,13 +286,6 @@ _HEADERS_READ = """\
 # Anything else: the walk. The headers not read are not parsed (nor does the codec parse a record's
 # headers before they are read).
 _HEADERS_ONE = """\
-        if b[p] == 0:
-            if p + 1 != rend:
-                raise ValueError("record length mismatch")
-            headers = EMPTY
-        elif rend > end or rend <= p:
-            raise ValueError("record length mismatch")
-        else:
             hs = b[p:rend]
             k = hs.count(W)
             if k == 0:
@@ -309,9 +303,7 @@ _HEADERS_ONE = """\
                             except UnicodeDecodeError:
                                 pass
                 if headers is None:
-                    headers = one_header_at(b, p, rend, RAW_ONE, NAME_ONE)
-        p = rend
-"""
+                    headers = one_header_at(b, p, rend, RAW_ONE, NAME_ONE)"""
 
 
 def compile_scanner(plan: Plan) -> Scanner:
@@ -352,12 +344,14 @@ def _build(plan: Plan, paste: bool, checker: bool) -> Any:
     one = next((zigzag_bytes(len(raw)) + raw for raw in wanted), b"")
     if not plan.uses_headers:
         lines.append(_HEADERS_SKIPPED)
-    elif plan.header_names is None:
-        lines.append(_HEADERS_READ.format(call="headers_at(b, p, rend)"))
-    elif len(wanted) == 1:
-        lines.append(_HEADERS_ONE)
     else:
-        lines.append(_HEADERS_READ.format(call="named_headers_at(b, p, rend, WANTED, LENGTHS)"))
+        if plan.header_names is None:
+            read = "            headers = headers_at(b, p, rend)"
+        elif len(wanted) == 1:
+            read = _HEADERS_ONE
+        else:
+            read = "            headers = named_headers_at(b, p, rend, WANTED, LENGTHS)"
+        lines.append(_HEADERS_READ.replace("{read}", read))
     namespace: dict[str, Any] = {
         "zz": _zz,
         "skip": _skip_varints,
