@@ -155,12 +155,7 @@ def produce_acks(frame: bytes | bytearray | memoryview, header: RequestHeader) -
     """
     pos = header.body_offset
     if header.api_version >= 3:  # transactional_id comes first
-        if header.header_version >= 2:
-            length, pos = read_uvarint(frame, pos)
-            pos += max(length - 1, 0)
-        else:
-            (length,) = _I16.unpack_from(frame, pos)
-            pos += 2 + max(length, 0)
+        pos = _string_span(frame, pos, header.header_version >= 2)[1]
     if pos + 2 > len(frame):
         raise InvalidHeader("truncated Produce request")
     acks: int = _I16.unpack_from(frame, pos)[0]
@@ -181,7 +176,7 @@ def produce_topics(frame: bytes | bytearray | memoryview, header: RequestHeader)
     try:
         pos = header.body_offset
         if version >= 3:  # transactional_id
-            pos = _skip_string(frame, pos, flexible)
+            pos = _string_span(frame, pos, flexible)[1]
         pos += 6  # acks, timeout
         count, pos = _array_length(frame, pos, flexible)
         topics: list[str | uuid.UUID] = []
@@ -192,11 +187,10 @@ def produce_topics(frame: bytes | bytearray | memoryview, header: RequestHeader)
                 topics.append(uuid.UUID(bytes=bytes(frame[pos : pos + 16])))
                 pos += 16
             else:
-                start = pos
-                pos = _skip_string(frame, pos, flexible)
+                start, pos = _string_span(frame, pos, flexible)
                 if pos > end:
                     return None
-                topics.append(_string_at(frame, start, pos, flexible))
+                topics.append(bytes(frame[start:pos]).decode("utf-8"))
             if i == count - 1:
                 return topics
             partitions, pos = _array_length(frame, pos, flexible)
@@ -227,21 +221,12 @@ def _array_length(frame: bytes | bytearray | memoryview, pos: int, flexible: boo
     return max(count, 0), pos + 4
 
 
-def _skip_string(frame: bytes | bytearray | memoryview, pos: int, flexible: bool) -> int:
-    """The position after a (nullable) string."""
+def _string_span(frame: bytes | bytearray | memoryview, pos: int, flexible: bool) -> tuple[int, int]:
+    """Where the text of the (nullable) string at ``pos`` starts and ends (a null string: empty)."""
     if flexible:
-        n, pos = read_uvarint(frame, pos)
-        return pos + max(n - 1, 0)
+        n, start = read_uvarint(frame, pos)
+        return start, start + max(n - 1, 0)
     if pos + 2 > len(frame):
         raise InvalidHeader("truncated string length")
     length: int = _I16.unpack_from(frame, pos)[0]
-    return pos + 2 + max(length, 0)
-
-
-def _string_at(frame: bytes | bytearray | memoryview, start: int, end: int, flexible: bool) -> str:
-    """The string whose length prefix starts at ``start`` and whose text ends at ``end``."""
-    if flexible:
-        _, start = read_uvarint(frame, start)
-    else:
-        start += 2
-    return bytes(frame[start:end]).decode("utf-8")
+    return pos + 2, pos + 2 + max(length, 0)
