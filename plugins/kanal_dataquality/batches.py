@@ -200,14 +200,14 @@ def _sources(plan: Plan) -> list[list[str]]:
     return [[rule.type, rule.source] for rule in plan.rules]
 
 
-_CHECKERS: dict[str, Checker] = {}
+_CHECKERS: dict[tuple[tuple[str, str], ...], Checker] = {}
 
 
 def check_part(job: Any, part: bytes) -> bytes:
     """The helper process's job: ``=`` and the ``(index, start, end)`` of each record of ``part`` the
     checks did not clearly pass (int64 each), or ``!`` when the records do not walk."""
     sources, count = job
-    key = orjson.dumps(sources).decode()
+    key = tuple((kind, source) for kind, source in sources)
     check = _CHECKERS.get(key)
     if check is None:
         if len(_CHECKERS) > 256:
