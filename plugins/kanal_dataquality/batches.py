@@ -214,10 +214,22 @@ def check_part(job: Any, part: bytes) -> bytes:
             _CHECKERS.clear()
         check = _CHECKERS[key] = _checker(sources)
     try:
-        flagged = check(part, 0, count, len(part))
+        flagged = _spans(part, check(part, 0, count, len(part)))
     except (IndexError, ValueError):
         return b"!"
     return b"=" + array("q", flagged).tobytes()
+
+
+def _spans(part: bytes, indexes: list[int]) -> list[int]:
+    """``(index, start, end)`` of the records at ``indexes`` (ascending) of a walked ``part``, flat."""
+    out: list[int] = []
+    p = at = 0
+    for index in indexes:
+        p = skip_records(part, p, index - at)
+        end = skip_records(part, p, 1)
+        out += (index, p, end)
+        p, at = end, index + 1
+    return out
 
 
 def _checker(sources: list[list[str]]) -> Checker:

@@ -1,18 +1,20 @@
 """The hot path: a record loop generated per plan, reading values straight from a batch's bytes.
 
 For the common case (payloads without schema ids, batches no earlier interceptor changed), the loop
-walks the batch's records area itself (``RecordBatch.to_bytes()``, decompressed with the gateway's own
-codecs when needed), slicing out only the parts the rules read (the value; the key and the headers
-when a CEL rule mentions them), and creates no ``Record`` objects. It runs each rule's fastest check,
-and the public ``evaluate`` only for a record some check did not pass, to get the outcome. Records are
-decoded by the gateway's codec (``batch.records()``) only for batches that need marking, so a batch
-whose records all pass is forwarded as its original bytes.
+reads the batch's records area itself (``RecordBatch.to_bytes()``, decompressed with the gateway's own
+codecs when needed) and creates no ``Record`` objects. When the rules read only the value, the values
+come from the core's compiled record walk in one call (:mod:`kanal.protocol.records.values`: walking
+records in Python costs as much as decoding their values); when a CEL rule mentions the key or
+headers, the loop walks the records itself, slicing out only the parts the rules read. It runs each
+rule's fastest check, and the public ``evaluate`` only for a record some check did not pass, to get
+the outcome. Records are decoded by the gateway's codec (``batch.records()``) only for batches that
+need marking, so a batch whose records all pass is forwarded as its original bytes.
 
 What the generated loop does per record (``rules`` = the plan's rules in order)::
 
-    <walk the record: length, attributes, timestamp and offset deltas skipped, key, value>
+    <walked here, unless record_values did: length, attributes, timestamp and offset deltas skipped, key>
     value = orjson.loads(value bytes)           # text or bytes when not JSON; None for a null value
-    <the header section: skipped, or only the headers the rules name decoded>
+    <walked here: the header section, skipped or only the headers the rules name decoded>
     try:
         if <rule 0's CEL expression> is True and <rule 1's schema check>: continue   # every rule passed
     except Exception: pass                       # a CEL error or a value the fast path does not model
@@ -27,7 +29,7 @@ so that a passing record costs no call; a rule whose check cannot be pasted is c
 function, jsonschema-rs ``is_valid``). A record no check clearly passes goes through ``evaluate``, so
 the outcomes are the engines' own.
 
-The walk reads what the gateway's codec reads, or gives up: a record whose length prefix disagrees with
+Both walks read what the gateway's codec reads, or give up: a record whose length prefix disagrees with
 its fields, records that do not fill the batch, or a header section the loop walks that does not fill
 its record raise ``ValueError`` (or ``IndexError``), and the caller hands the batch to the codec.
 """
@@ -40,6 +42,7 @@ from typing import Any
 import orjson
 
 from kanal.protocol.records import HEADER_SIZE, NONE, RecordBatch, decompress, read_zigzag, zigzag_bytes
+from kanal.protocol.records.values import record_values
 from kanal_dataquality.cel import PASSED, Outcome
 from kanal_dataquality.evaluate import NO_SCHEMA_ID, decode_key
 from kanal_dataquality.inline import inline
@@ -52,8 +55,8 @@ Failed = Callable[[int, tuple[Outcome, ...]], bool]
 #: ``scan(b, p, first, stop, failed, end)``: records ``first`` to ``stop`` (indexes in the batch) start at
 #: ``b[p]`` and end at ``end``; True when ``failed`` blocked the batch.
 Scanner = Callable[[bytes, int, int, int, Failed, int], bool]
-#: ``check(b, p, count, end)``: ``(index, start, end)`` of each record the checks did not clearly pass,
-#: flat, for ``count`` records from ``b[p]`` to ``end``.
+#: ``check(b, p, count, end)``: the index of each record the checks did not clearly pass, of ``count``
+#: records from ``b[p]`` to ``end``.
 Checker = Callable[[bytes, int, int, int], list[int]]
 
 _EMPTY: dict[str, str] = {}
@@ -238,6 +241,10 @@ _VALUE_LENGTH = """\
                 n, p = zz(b, p)
 """
 
+# The loop of rules reading the value only: the values decoded by the record walk in one call.
+_VALUES = """\
+    for index, value in enumerate(values(b, p, {count}, end, loads, JSONDecodeError, text_or_bytes), {first}):"""
+
 _VALUE_READ = """\
         if n < 0:
             value = None
@@ -331,48 +338,27 @@ def _compile(plan: Plan, checker: bool) -> Any:
 
 
 def _build(plan: Plan, paste: bool, checker: bool) -> Any:
+    name = "check" if checker else "scan"
     if checker:
         lines = ["def check(b, p, count, end):", "    out = []", "    key = None", "    headers = EMPTY"]
-        lines += ["    for index in range(count):", "        s = p", _WALK]
     else:
         lines = ["def scan(b, p, first, stop, failed, end):", "    key = None", "    headers = EMPTY"]
-        lines += ["    for index in range(first, stop):", _WALK]
-    lines.append(_KEY_READ if plan.uses_key else _KEY_SKIPPED)
-    lines.append(_VALUE_LENGTH)
-    lines.append(_VALUE_READ if plan.uses_value else _VALUE_SKIPPED)
-    wanted = {name.encode("utf-8", "surrogateescape"): name for name in plan.header_names or ()}
-    one = next((zigzag_bytes(len(raw)) + raw for raw in wanted), b"")
-    if not plan.uses_headers:
-        lines.append(_HEADERS_SKIPPED)
-    else:
-        if plan.header_names is None:
-            read = "            headers = headers_at(b, p, rend)"
-        elif len(wanted) == 1:
-            read = _HEADERS_ONE
-        else:
-            read = "            headers = named_headers_at(b, p, rend, WANTED, LENGTHS)"
-        lines.append(_HEADERS_READ.replace("{read}", read))
     namespace: dict[str, Any] = {
-        "zz": _zz,
-        "skip": _skip_varints,
+        "values": record_values,
         "loads": orjson.loads,
         "JSONDecodeError": orjson.JSONDecodeError,
         "text_or_bytes": _text_or_bytes,
-        "decode_key": decode_key,
-        "headers_at": _headers,
-        "named_headers_at": _named_headers,
-        "one_header_at": _one_header,
-        "WANTED": wanted,
-        "LENGTHS": frozenset(len(raw) for raw in wanted),
-        "W": one,
-        "WL": len(one) + 1,
-        "WV": len(one) + 2,
-        "RAW_ONE": next(iter(wanted), b""),
-        "NAME_ONE": next(iter(wanted.values()), ""),
         "EMPTY": _EMPTY,
         "PASSED": PASSED,
         "NO_ID": Outcome(False, NO_SCHEMA_ID),
     }
+    walked = plan.uses_key or plan.uses_headers or not plan.uses_value
+    if walked:
+        lines.append("    for index in range(count):" if checker else "    for index in range(first, stop):")
+        lines += _walk(plan, namespace)
+    else:
+        count, first = ("count", "0") if checker else ("stop - first", "first")
+        lines.append(_VALUES.replace("{count}", count).replace("{first}", first))
     fast_terms = []
     exact = []
     names = []
@@ -396,7 +382,7 @@ def _build(plan: Plan, paste: bool, checker: bool) -> Any:
         "            pass",
     ]
     if checker:
-        lines.append("        out += (index, s, p)")
+        lines.append("        out.append(index)")
     else:
         lines += [
             *exact,
@@ -405,15 +391,47 @@ def _build(plan: Plan, paste: bool, checker: bool) -> Any:
             f"        if failed(index, ({', '.join(names)},)):",
             "            return True",
         ]
-    lines += [
-        "    if p != end:",
-        "        raise ValueError('the records do not fill the batch')",
-        "    return out" if checker else "    return False",
-    ]
+    if walked:
+        lines += ["    if p != end:", "        raise ValueError('the records do not fill the batch')"]
+    lines.append("    return out" if checker else "    return False")
     source = "\n".join(line.rstrip("\n") for line in lines)
-    name = "check" if checker else "scan"
     exec(compile(source, f"<data-quality {name}, {len(plan.rules)} rules>", "exec"), namespace)
     return namespace[name]
+
+
+def _walk(plan: Plan, namespace: dict[str, Any]) -> list[str]:
+    """The record walk pasted into a loop whose rules read the key or headers (or nothing), and the
+    names it uses."""
+    lines = [_WALK, _KEY_READ if plan.uses_key else _KEY_SKIPPED, _VALUE_LENGTH]
+    lines.append(_VALUE_READ if plan.uses_value else _VALUE_SKIPPED)
+    wanted = {name.encode("utf-8", "surrogateescape"): name for name in plan.header_names or ()}
+    one = next((zigzag_bytes(len(raw)) + raw for raw in wanted), b"")
+    if not plan.uses_headers:
+        lines.append(_HEADERS_SKIPPED)
+    else:
+        if plan.header_names is None:
+            read = "            headers = headers_at(b, p, rend)"
+        elif len(wanted) == 1:
+            read = _HEADERS_ONE
+        else:
+            read = "            headers = named_headers_at(b, p, rend, WANTED, LENGTHS)"
+        lines.append(_HEADERS_READ.replace("{read}", read))
+    namespace.update(
+        zz=_zz,
+        skip=_skip_varints,
+        decode_key=decode_key,
+        headers_at=_headers,
+        named_headers_at=_named_headers,
+        one_header_at=_one_header,
+        WANTED=wanted,
+        LENGTHS=frozenset(len(raw) for raw in wanted),
+        W=one,
+        WL=len(one) + 1,
+        WV=len(one) + 2,
+        RAW_ONE=next(iter(wanted), b""),
+        NAME_ONE=next(iter(wanted.values()), ""),
+    )
+    return lines
 
 
 def _check(

@@ -21,6 +21,7 @@ from kanal_dataquality.rules import compile_rule
 from kanal_dataquality.scan import compile_scanner
 
 from kanal.protocol.records import Record, RecordSet, encode_batch
+from kanal.protocol.records.values import python_record_values, record_values
 
 LONG = "h" * 70  # a name whose length takes a two-byte varint
 RULES = {
@@ -120,6 +121,27 @@ def test_pasted_checks_decide_as_the_engines(values: list[dict[str, Any]]) -> No
     data = encode_batch([Record(offset_delta=i, value=orjson.dumps(v)) for i, v in enumerate(values)], base_timestamp=1)
     found, expected = violations(plan_of("amount", "euro", "shape"), data)
     assert found == expected
+
+
+@pytest.mark.parametrize("walk", [python_record_values, record_values])
+def test_rules_on_values_read_them_from_the_record_walk(walk: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Rules reading only the value get the values of the compiled walk (or of its reference)."""
+    counts: list[int] = []
+
+    def counted(*args: Any) -> list[Any]:
+        counts.append(args[2])
+        return walk(*args)  # type: ignore[no-any-return]
+
+    monkeypatch.setattr(scan, "record_values", counted)
+    values = [b'{"amount": 1, "c": "EUR"}', None, b"not json", b'{"amount": 9, "c": "EUR"}', b"", b'{"amount": 2}']
+    data = encode_batch(
+        [Record(offset_delta=i, key=b"k", value=v, headers=[("h", b"v")]) for i, v in enumerate(values)],
+        base_timestamp=1,
+    )
+    plan = plan_of("amount", "shape")
+    found, expected = violations(plan, data)
+    assert found == expected == [(1, (0, 1)), (2, (0, 1)), (3, (1,)), (4, (0, 1)), (5, (0, 1))]
+    assert counts == [6]  # one call for the batch
 
 
 def test_rule_checks_are_pasted_into_the_loop() -> None:
