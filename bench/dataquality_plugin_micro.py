@@ -5,7 +5,9 @@ Standalone (no broker, no gateway): ``PYTHONPATH=core:plugins python bench/dataq
 What is timed is ``kanal_dataquality.batches.scan_batches`` on record batches built with the
 gateway's codec (``encode_batch``, 500 records per batch, uncompressed): the generated scanner walks
 the batch bytes, decodes each value with orjson, runs the rules and decides per policy (mark on; every
-record passes, the common case). Two workloads:
+record passes, the common case). Rules reading only the value get the values from the compiled record
+walk (``kanal.protocol.records.record_values``); the same loop without it (the walk pasted into the
+loop, as on an install without a C compiler) is timed too. Two workloads:
 
 * ``orders``: the records of ``bench/dataquality_micro.py`` (about 200-byte JSON orders with three
   headers), its 3-clause CEL rule (one clause reads a header) and its order JSON schema;
@@ -19,6 +21,7 @@ record decoder (``RecordBatch.records()``) for comparison.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import gc
 import statistics
 import sys
@@ -33,15 +36,18 @@ for sub in (ROOT.parent / "core", ROOT.parent / "plugins", ROOT):
         sys.path.insert(0, str(sub))
 
 from dataquality_micro import CEL_RULE, SCHEMA, make_records  # noqa: E402
+from kanal_dataquality import scan as scan_module  # noqa: E402
 from kanal_dataquality.batches import scan_batches  # noqa: E402
 from kanal_dataquality.evaluate import evaluate  # noqa: E402
 from kanal_dataquality.policies import Plan, build_plan, compile_policy  # noqa: E402
 from kanal_dataquality.rules import compile_rule  # noqa: E402
+from kanal_dataquality.scan import compile_scanner  # noqa: E402
 from kanalbench.dataquality_scenario import CEL as BENCH_CEL  # noqa: E402
 from kanalbench.dataquality_scenario import SCHEMA as BENCH_SCHEMA  # noqa: E402
 from kanalbench.worker import values as bench_values  # noqa: E402
 
 from kanal.protocol.records import Record, RecordSet, encode_batch  # noqa: E402
+from kanal.protocol.records.values import python_record_values  # noqa: E402
 
 PER_BATCH = 500
 
@@ -69,6 +75,16 @@ def batches_of(items: list[tuple[bytes, list[tuple[str, bytes]]]]) -> list[bytes
         records = [Record(offset_delta=i, value=v, headers=list(h)) for i, (v, h) in enumerate(chunk)]
         out.append(encode_batch(records, base_timestamp=1_700_000_000_000))
     return out
+
+
+def without_compiled_walk(plan: Plan) -> Plan:
+    """The plan with its loop compiled as on an install without the C extension."""
+    compiled = scan_module.record_values
+    scan_module.record_values = python_record_values
+    try:
+        return dataclasses.replace(plan, scanner=compile_scanner(plan))
+    finally:
+        scan_module.record_values = compiled
 
 
 def median_us(fn: Callable[[], None], count: int, repeats: int) -> float:
@@ -111,13 +127,24 @@ def main() -> None:
             for d in data:
                 scan_batches(plan, RecordSet.parse(d).batches)
 
+        pure = without_compiled_walk(plan)
+
+        def python_walk(data: list[bytes] = data, plan: Plan = pure) -> None:
+            for d in data:
+                scan_batches(plan, RecordSet.parse(d).batches)
+
         def codec(data: list[bytes] = data, plan: Plan = plan) -> None:
             for d in data:
                 evaluate(plan, RecordSet.parse(d).batches[0].records())
 
+        rows = [
+            ("plugin scanner: decode + CEL + schema", plugin),
+            ("same, the walk in Python", python_walk),
+            ("gateway codec records() + evaluate", codec),
+        ]
         print(f"  {label}, {size:.0f} B values")
-        print(f"    plugin scanner: decode + CEL + schema      {median_us(plugin, len(items), args.repeats):6.2f} µs")
-        print(f"    gateway codec records() + evaluate          {median_us(codec, len(items), args.repeats):6.2f} µs")
+        for name, fn in rows:
+            print(f"    {name:42} {median_us(fn, len(items), args.repeats):6.2f} µs")
 
 
 if __name__ == "__main__":

@@ -31,7 +31,7 @@ from kanalbench.measure import MB, Options, log, stack_for
 from kanalbench.report import Report
 from kanalbench.runs import create_topic, delete_topic, run_worker
 from kanalbench.scenarios import scenario
-from kanalbench.stack import Stack, cpu_seconds
+from kanalbench.stack import Stack, children_cpu_seconds, cpu_seconds
 
 USER, PASSWORD = "bench", "bench-password"
 POLICY = "bench-quality"
@@ -105,9 +105,10 @@ def _configure(stack: Stack) -> None:
 def _produce(stack: Stack, opts: Options, label: str, report: Report | None) -> str:
     direct = stack.bootstrap("direct")
     topic = create_topic(direct, opts.partitions, "dq" if label == "data quality" else "plain")
-    pid = stack.pids()["gateway"]
+    pids = stack.pids()
+    pid, broker = pids["gateway"], pids["broker"]
     try:
-        cpu0 = cpu_seconds(pid)
+        cpu0, helper0, broker0 = cpu_seconds(pid), children_cpu_seconds(pid), cpu_seconds(broker)
         result = run_worker(
             "produce",
             bootstrap=stack.bootstrap("gateway"),
@@ -117,6 +118,8 @@ def _produce(stack: Stack, opts: Options, label: str, report: Report | None) -> 
             payload="json",
         )
         cpu = cpu_seconds(pid) - cpu0
+        helper = children_cpu_seconds(pid) - helper0
+        broker_cpu = cpu_seconds(broker) - broker0
     finally:
         delete_topic(direct, topic)
     seconds = result["seconds"]
@@ -125,7 +128,12 @@ def _produce(stack: Stack, opts: Options, label: str, report: Report | None) -> 
         report.metric("produce", "rec/s").add(path, result["records"] / seconds)
         report.metric("produce", "MB/s").add(path, result["bytes"] / seconds / MB)
         report.metric("gateway CPU per run", "s").add(path, cpu)
-    return f"{label}: {result['records'] / seconds:,.0f} rec/s in {seconds:.2f}s (gateway CPU {cpu:.2f}s)"
+        report.metric("helper process CPU per run", "s").add(path, helper)
+        report.metric("broker CPU per run", "s").add(path, broker_cpu)
+    return (
+        f"{label}: {result['records'] / seconds:,.0f} rec/s in {seconds:.2f}s "
+        f"(CPU: gateway {cpu:.2f}s, helper {helper:.2f}s, broker {broker_cpu:.2f}s)"
+    )
 
 
 @scenario(

@@ -44,6 +44,20 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def children_cpu_seconds(pid: int) -> float:
+    """User + system CPU time the child processes of ``pid`` (a gateway's helper processes) used so far."""
+    total = 0.0
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+                if int(fields[1]) == pid:
+                    total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+            except OSError:  # it exited meanwhile
+                continue
+    return total
+
+
 class Stack:
     """A broker and a gateway (configured by ``config``, a YAML file, and ``env``)."""
 

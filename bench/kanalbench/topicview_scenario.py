@@ -22,17 +22,15 @@ measures without them. The helper's CPU is reported beside the gateway's.
 from __future__ import annotations
 
 import base64
-import contextlib
 import json
 import urllib.request
-from pathlib import Path
 from typing import Any
 
 from kanalbench.measure import MB, Options, log, stack_for
 from kanalbench.report import Report
 from kanalbench.runs import create_topic, run_worker
 from kanalbench.scenarios import scenario
-from kanalbench.stack import Stack, cpu_seconds
+from kanalbench.stack import Stack, children_cpu_seconds, cpu_seconds
 from kanalbench.worker import DISTINCT_VALUES, values
 
 VIEW = "bench-view"
@@ -76,36 +74,14 @@ def _put_view(stack: Stack, topic: str) -> dict[str, Any]:
     return answer
 
 
-def _children(pid: int) -> list[int]:
-    """Child processes of ``pid`` (the gateway's topic-views helper process)."""
-    out = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            if int(fields[1]) == pid:
-                out.append(int(entry.name))
-    return out
-
-
-def _helper_cpu(pid: int) -> float:
-    total = 0.0
-    for child in _children(pid):
-        with contextlib.suppress(OSError):  # it may exit meanwhile
-            total += cpu_seconds(child)
-    return total
-
-
 def _consume(stack: Stack, topic: str, expected: int, scanned: int, label: str, report: Report | None) -> str:
     assert stack.gateway is not None
     pids = stack.pids()
     pid, broker = pids["gateway"], pids["broker"]
-    cpu0, helper0, broker0 = cpu_seconds(pid), _helper_cpu(pid), cpu_seconds(broker)
+    cpu0, helper0, broker0 = cpu_seconds(pid), children_cpu_seconds(pid), cpu_seconds(broker)
     result = run_worker("consume", bootstrap=stack.bootstrap("gateway"), topic=topic, records=expected, partitions=1)
     cpu = cpu_seconds(pid) - cpu0
-    helper = _helper_cpu(pid) - helper0
+    helper = children_cpu_seconds(pid) - helper0
     broker_cpu = cpu_seconds(broker) - broker0
     seconds = result["seconds"]
     path = "direct" if label == "passthrough" else "gateway"

@@ -26,12 +26,12 @@ from typing import Any, Final
 import orjson
 
 from kanal.parallel import HelperProcess
-from kanal.protocol.records import NONE, RecordBatch
+from kanal.protocol.records import NONE, RecordBatch, records_area
 from kanal_dataquality.cel import PASSED, Outcome
 from kanal_dataquality.evaluate import BatchResult, Violation, evaluate
 from kanal_dataquality.policies import CompiledPolicy, Plan, build_plan
 from kanal_dataquality.rules import CEL, JSON_SCHEMA, compile_rule
-from kanal_dataquality.scan import Checker, Failed, compile_checker, compile_scanner, records_area, skip_records
+from kanal_dataquality.scan import Checker, Failed, compile_checker, compile_scanner, skip_records
 
 __all__ = ["LOCAL_SHARE", "MIN_SPLIT", "check_part", "may_split", "new_helper", "scan_batches", "scan_batches_split"]
 

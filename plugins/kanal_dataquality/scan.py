@@ -3,7 +3,7 @@
 For the common case (payloads without schema ids, batches no earlier interceptor changed), the loop
 reads the batch's records area itself (``RecordBatch.to_bytes()``, decompressed with the gateway's own
 codecs when needed) and creates no ``Record`` objects. When the rules read only the value, the values
-come from the core's compiled record walk in one call (:mod:`kanal.protocol.records.values`: walking
+come from the core's compiled record walk in one call (``kanal.protocol.records.record_values``: walking
 records in Python costs as much as decoding their values); when a CEL rule mentions the key or
 headers, the loop walks the records itself, slicing out only the parts the rules read. It runs each
 rule's fastest check, and the public ``evaluate`` only for a record some check did not pass, to get
@@ -41,15 +41,15 @@ from typing import Any
 
 import orjson
 
-from kanal.protocol.records import HEADER_SIZE, NONE, RecordBatch, decompress, read_zigzag, zigzag_bytes
-from kanal.protocol.records.values import record_values
+from kanal.protocol.records import read_zigzag, record_values, zigzag_bytes
+from kanal.protocol.records.values import python_record_values
 from kanal_dataquality.cel import PASSED, Outcome
 from kanal_dataquality.evaluate import NO_SCHEMA_ID, decode_key
 from kanal_dataquality.inline import inline
 from kanal_dataquality.policies import Plan
 from kanal_dataquality.rules import CEL_MODE, SCHEMA_MODE, CompiledRule
 
-__all__ = ["Checker", "Failed", "Scanner", "compile_checker", "compile_scanner", "records_area", "skip_records"]
+__all__ = ["Checker", "Failed", "Scanner", "compile_checker", "compile_scanner", "skip_records"]
 
 Failed = Callable[[int, tuple[Outcome, ...]], bool]
 #: ``scan(b, p, first, stop, failed, end)``: records ``first`` to ``stop`` (indexes in the batch) start at
@@ -60,15 +60,6 @@ Scanner = Callable[[bytes, int, int, int, Failed, int], bool]
 Checker = Callable[[bytes, int, int, int], list[int]]
 
 _EMPTY: dict[str, str] = {}
-
-
-def records_area(batch: RecordBatch) -> tuple[bytes, int]:
-    """(bytes, start) of a batch's records, decompressed; the records end with the bytes."""
-    data = batch.to_bytes()
-    codec = batch.compression
-    if codec == NONE:
-        return data, HEADER_SIZE
-    return decompress(codec, memoryview(data)[HEADER_SIZE:]), 0
 
 
 _zz = read_zigzag
@@ -352,7 +343,9 @@ def _build(plan: Plan, paste: bool, checker: bool) -> Any:
         "PASSED": PASSED,
         "NO_ID": Outcome(False, NO_SCHEMA_ID),
     }
-    walked = plan.uses_key or plan.uses_headers or not plan.uses_value
+    # The walk pasted here is quicker than record_values' pure-Python reference (an install without
+    # the compiled one).
+    walked = plan.uses_key or plan.uses_headers or not plan.uses_value or record_values is python_record_values
     if walked:
         lines.append("    for index in range(count):" if checker else "    for index in range(first, stop):")
         lines += _walk(plan, namespace)

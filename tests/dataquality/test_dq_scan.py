@@ -144,6 +144,16 @@ def test_rules_on_values_read_them_from_the_record_walk(walk: Any, monkeypatch: 
     assert counts == [6]  # one call for the batch
 
 
+def test_without_the_compiled_walk_the_loop_walks_records_itself(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(scan, "record_values", python_record_values)
+    plan = plan_of("amount", "shape")
+    assert "values" not in compile_scanner(plan).__code__.co_names
+    records = [Record(offset_delta=0, value=b'{"amount": 1, "c": "EUR"}'), Record(offset_delta=1)]
+    data = encode_batch(records, base_timestamp=1)
+    found, expected = violations(plan, data)
+    assert found == expected == [(1, (0, 1))]
+
+
 def test_rule_checks_are_pasted_into_the_loop() -> None:
     plan = plan_of("amount", "euro", "shape", "web")
     scan = compile_scanner(plan)

@@ -21,10 +21,10 @@ from kanal_dataquality.batches import check_part, new_helper, scan_batches, scan
 from kanal_dataquality.evaluate import BatchResult
 from kanal_dataquality.policies import Plan, build_plan, compile_policy, order_policies
 from kanal_dataquality.rules import compile_rule
-from kanal_dataquality.scan import records_area, skip_records
+from kanal_dataquality.scan import skip_records
 
 from kanal.parallel import HelperProcess
-from kanal.protocol.records import LZ4, NONE, Record, RecordBatch, RecordSet, encode_batch, zigzag_bytes
+from kanal.protocol.records import LZ4, NONE, Record, RecordBatch, RecordSet, encode_batch, records_area, zigzag_bytes
 
 RULES = {
     "positive": compile_rule("positive", {"type": "Cel", "celExpression": "value.amount > 0"}),

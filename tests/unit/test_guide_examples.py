@@ -37,7 +37,7 @@ from kanal.pipeline.results import PartitionError, Reject
 from kanal.protocol.api import ApiKey
 from kanal.protocol.error_responses import error_response
 from kanal.protocol.messages import decode_request, encode_request
-from kanal.protocol.records import Record, RecordSet, encode_batch
+from kanal.protocol.records import GZIP, HEADER_SIZE, Record, RecordBatch, RecordSet, encode_batch
 from kanal.protocol.topic_names import TopicNames
 
 REPO = Path(__file__).resolve().parents[2]
@@ -104,6 +104,17 @@ def test_every_hookspec_has_a_section() -> None:
     assert len(names) >= 7
     missing = [n for n in names if f"### `{n}`" not in text]
     assert not missing, f"hookspecs without a section in the guide: {missing}"
+
+
+def test_record_values_example() -> None:
+    json_values = load_example("record-values").json_values
+    records = [Record(offset_delta=0, value=b'{"a": 1}'), Record(offset_delta=1), Record(offset_delta=2, value=b"x")]
+    batch = RecordBatch(encode_batch(records, base_timestamp=1, compression=GZIP))
+    assert json_values(batch) == [{"a": 1}, None, b"x"]
+    damaged = bytearray(encode_batch(records, base_timestamp=1))
+    damaged[HEADER_SIZE] += 2  # the first record's length, one byte too long
+    with pytest.raises(ValueError):
+        json_values(RecordBatch(bytes(damaged)))
 
 
 # ------------------------------------------------------------------ create-topic-policy, unit level

@@ -15,7 +15,19 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kanal.protocol.records import HEADER_SIZE, Record, RecordBatch, encode_batch, zigzag_bytes
+from kanal.protocol.records import (
+    GZIP,
+    HEADER_SIZE,
+    LZ4,
+    NONE,
+    SNAPPY,
+    ZSTD,
+    Record,
+    RecordBatch,
+    encode_batch,
+    records_area,
+    zigzag_bytes,
+)
 from kanal.protocol.records.values import ACCELERATED, python_record_values, record_values
 
 compiled = pytest.mark.skipif(not ACCELERATED, reason="the C extension is not built")
@@ -74,6 +86,16 @@ def test_the_values_are_those_the_codec_decodes() -> None:
         assert fn(data, HEADER_SIZE, len(records), len(data), orjson.loads, orjson.JSONDecodeError, _text) == expected
         view = memoryview(data)
         assert fn(view, HEADER_SIZE, len(records), len(data), orjson.loads, orjson.JSONDecodeError, _text) == expected
+
+
+@pytest.mark.parametrize("codec", [NONE, GZIP, LZ4, SNAPPY, ZSTD])
+def test_records_area_of_compressed_batches(codec: int) -> None:
+    records = [Record(offset_delta=i, value=b'{"n": %d}' % i) for i in range(50)]
+    batch = RecordBatch(encode_batch(records, base_timestamp=1, compression=codec))
+    data, start = records_area(batch)
+    assert record_values(data, start, 50, len(data), orjson.loads, orjson.JSONDecodeError, _text) == [
+        {"n": i} for i in range(50)
+    ]
 
 
 def _decoded(raw: bytes) -> Any:

@@ -1,6 +1,7 @@
 """Kafka record batches (magic v2) and their compression codecs, sans-I/O.
 
-See ``batch`` for the lazy, byte-exact batch model and ``compression`` for the codecs.
+See ``batch`` for the lazy, byte-exact batch model, ``compression`` for the codecs and ``values`` for
+the values of a batch's records in one call.
 """
 
 from .batch import (
@@ -17,6 +18,7 @@ from .batch import (
 )
 from .compression import GZIP, LZ4, NONE, SNAPPY, ZSTD, UnsupportedCodecError, compress, decompress
 from .errors import CorruptRecordError
+from .values import record_values, records_area
 from .varint import ZIGZAG_TABLE, ZIGZAG_TABLE_SIZE, read_zigzag, zigzag_bytes
 
 __all__ = [
@@ -42,5 +44,7 @@ __all__ = [
     "decompress",
     "encode_batch",
     "read_zigzag",
+    "record_values",
+    "records_area",
     "zigzag_bytes",
 ]

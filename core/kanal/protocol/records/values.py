@@ -1,7 +1,11 @@
 """The values of a batch's records, decoded in one call: the record walk of plugins that read values only.
 
 A plugin that checks or projects record values (data quality, topic views) needs each value's bytes,
-not ``Record`` objects. Walking the records in Python costs about as much as decoding the values; the
+not ``Record`` objects::
+
+    data, start = records_area(batch)
+    values = record_values(data, start, batch.records_count, len(data), orjson.loads, orjson.JSONDecodeError, bytes)
+ Walking the records in Python costs about as much as decoding the values; the
 walk is compiled (``_values.c``, built with the package when a C compiler is there) and this module's
 :func:`python_record_values` is its reference, used when the extension is not built and by the tests,
 which hold both to the same answers.
@@ -17,7 +21,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Final
 
-__all__ = ["ACCELERATED", "python_record_values", "record_values"]
+from .batch import HEADER_SIZE, RecordBatch
+from .compression import NONE, decompress
+
+__all__ = ["ACCELERATED", "python_record_values", "record_values", "records_area"]
 
 #: ``record_values(b, p, count, end, loads, error, fallback)``: the value of each of ``count`` records
 #: from ``b[p]`` to ``b[end]``: ``loads(value)``, ``fallback(value)`` when ``loads`` raised ``error``,
@@ -25,6 +32,15 @@ __all__ = ["ACCELERATED", "python_record_values", "record_values"]
 RecordValues = Callable[
     [bytes, int, int, int, Callable[[bytes], Any], type[BaseException], Callable[[bytes], Any]], list[Any]
 ]
+
+
+def records_area(batch: RecordBatch) -> tuple[bytes, int]:
+    """``(bytes, start)`` of a batch's records, decompressed; the records end with the bytes."""
+    data = batch.to_bytes()
+    codec = batch.compression
+    if codec == NONE:
+        return data, HEADER_SIZE
+    return decompress(codec, memoryview(data)[HEADER_SIZE:]), 0
 
 
 def _zigzag(b: bytes, p: int, limit: int) -> tuple[int, int]:
