@@ -1,14 +1,13 @@
 """The values of a batch's records, decoded in one call: the record walk of plugins that read values only.
 
-A plugin that checks or projects record values (data quality, topic views) needs each value's bytes,
-not ``Record`` objects::
+A plugin that checks or projects record values needs each value, not ``Record`` objects::
 
     data, start = records_area(batch)
     values = record_values(data, start, batch.records_count, len(data), orjson.loads, orjson.JSONDecodeError, bytes)
- Walking the records in Python costs about as much as decoding the values; the
-walk is compiled (``_values.c``, built with the package when a C compiler is there) and this module's
-:func:`python_record_values` is its reference, used when the extension is not built and by the tests,
-which hold both to the same answers.
+
+Walking records in Python costs about as much as decoding their values, so the walk is compiled
+(``_values.c``, built with the package when a C compiler is there). :func:`python_record_values` is
+its reference: used when the extension is not built, and held by the tests to the same answers.
 
 The walk reads what the gateway's codec reads and checks that every record adds up: its length is
 positive and within the batch, its deltas, key and value end within it, and a record without headers
