@@ -48,6 +48,7 @@ __all__ = [
     "evaluate",
     "fast_headers",
     "schema_refs",
+    "text_or_bytes",
 ]
 
 NO_SCHEMA_ID = (
@@ -69,10 +70,15 @@ def decode_value(raw: bytes | None) -> Any:
     try:
         return _loads(raw)
     except _JSONDecodeError:
-        try:
-            return raw.decode("utf-8")
-        except UnicodeDecodeError:
-            return bytes(raw)
+        return text_or_bytes(raw)
+
+
+def text_or_bytes(raw: bytes) -> Any:
+    """A payload that is not JSON: its text, else its bytes."""
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return bytes(raw)
 
 
 def decode_key(raw: bytes | None) -> Any:

@@ -44,7 +44,7 @@ import orjson
 from kanal.protocol.records import read_zigzag, record_values, zigzag_bytes
 from kanal.protocol.records.values import python_record_values
 from kanal_dataquality.cel import PASSED, Outcome
-from kanal_dataquality.evaluate import NO_SCHEMA_ID, decode_key
+from kanal_dataquality.evaluate import NO_SCHEMA_ID, decode_key, text_or_bytes
 from kanal_dataquality.inline import inline
 from kanal_dataquality.policies import Plan
 from kanal_dataquality.rules import CEL_MODE, SCHEMA_MODE, CompiledRule
@@ -156,13 +156,6 @@ def _named_headers(b: bytes, p: int, rend: int, wanted: dict[bytes, str], length
 def _one_header(b: bytes, p: int, rend: int, raw: bytes, name: str) -> dict[str, str]:
     """:func:`_named_headers` for one name."""
     return _named_headers(b, p, rend, {raw: name}, frozenset((len(raw),)))
-
-
-def _text_or_bytes(raw: bytes) -> Any:
-    try:
-        return raw.decode("utf-8")
-    except UnicodeDecodeError:
-        return bytes(raw)
 
 
 # The record walk, inlined. Record length (-> rend), attributes (1 byte), timestamp delta and offset delta
@@ -338,7 +331,7 @@ def _build(plan: Plan, paste: bool, checker: bool) -> Any:
         "values": record_values,
         "loads": orjson.loads,
         "JSONDecodeError": orjson.JSONDecodeError,
-        "text_or_bytes": _text_or_bytes,
+        "text_or_bytes": text_or_bytes,
         "EMPTY": _EMPTY,
         "PASSED": PASSED,
         "NO_ID": Outcome(False, NO_SCHEMA_ID),

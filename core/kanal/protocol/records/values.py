@@ -112,7 +112,8 @@ def _compiled() -> RecordValues | None:
     return compiled
 
 
+_COMPILED: Final = _compiled()
 #: Whether :func:`record_values` is the compiled walk.
-ACCELERATED: Final = _compiled() is not None
+ACCELERATED: Final = _COMPILED is not None
 #: The walk: compiled when the extension is built, else :func:`python_record_values`.
-record_values: Final[RecordValues] = _compiled() or python_record_values
+record_values: Final[RecordValues] = _COMPILED or python_record_values
