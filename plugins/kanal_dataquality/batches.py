@@ -19,6 +19,7 @@ the gateway until it is ready); should it fail, the gateway runs that part itsel
 
 from __future__ import annotations
 
+import functools
 from array import array
 from collections.abc import Sequence
 from typing import Any, Final
@@ -200,19 +201,11 @@ def _sources(plan: Plan) -> list[list[str]]:
     return [[rule.type, rule.source] for rule in plan.rules]
 
 
-_CHECKERS: dict[tuple[tuple[str, str], ...], Checker] = {}
-
-
 def check_part(job: Any, part: bytes) -> bytes:
     """The helper process's job: ``=`` and the ``(index, start, end)`` of each record of ``part`` the
     checks did not clearly pass (int64 each), or ``!`` when the records do not walk."""
     sources, count = job
-    key = tuple((kind, source) for kind, source in sources)
-    check = _CHECKERS.get(key)
-    if check is None:
-        if len(_CHECKERS) > 256:
-            _CHECKERS.clear()
-        check = _CHECKERS[key] = _checker(sources)
+    check = _checker(tuple((kind, source) for kind, source in sources))
     try:
         flagged = _spans(part, check(part, 0, count, len(part)))
     except (IndexError, ValueError):
@@ -232,7 +225,9 @@ def _spans(part: bytes, indexes: list[int]) -> list[int]:
     return out
 
 
-def _checker(sources: list[list[str]]) -> Checker:
+@functools.lru_cache(maxsize=256)
+def _checker(sources: tuple[tuple[str, str], ...]) -> Checker:
+    """The checker of rules given as ``(type, source)`` pairs, compiled once per process."""
     rules = []
     for i, (kind, source) in enumerate(sources):
         if kind == CEL:

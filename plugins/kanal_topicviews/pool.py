@@ -19,6 +19,7 @@ half's. ``GATEWAY_FEATURE_FLAGS_TOPIC_VIEWS_HELPER_PROCESS=false`` turns the hel
 
 from __future__ import annotations
 
+import functools
 import json
 import struct
 from typing import Any, Final
@@ -106,20 +107,18 @@ def _head(first: bytes, data: bytes, cut: int) -> bytes:
     return data[:cut] if first is data else first
 
 
-_TRANSFORMERS: dict[tuple[str, bool], Transformer] = {}
-
-
 def _transform(job: list[Any], data: bytes) -> bytes:
-    """The helper's job: ``data`` through the view's SQL (the view compiled once per process)."""
+    """The helper's job: ``data`` through the view's SQL."""
+    statement, drop, partition, fetch_offset = job
+    return _answer(_transformer(statement, drop), data, partition, fetch_offset)
+
+
+@functools.lru_cache(maxsize=256)
+def _transformer(statement: str, drop: bool) -> Transformer:
+    """A view's transformer, compiled once per process."""
     from .views import compiled
 
-    statement, drop, partition, fetch_offset = job
-    transformer = _TRANSFORMERS.get((statement, drop))
-    if transformer is None:
-        if len(_TRANSFORMERS) > 256:
-            _TRANSFORMERS.clear()
-        transformer = _TRANSFORMERS[(statement, drop)] = Transformer(compiled(statement), drop)
-    return _answer(transformer, data, partition, fetch_offset)
+    return Transformer(compiled(statement), drop)
 
 
 def _answer(transformer: Transformer, data: bytes, partition: int, fetch_offset: int) -> bytes:
