@@ -5,9 +5,10 @@ Standalone (no broker, no gateway): ``PYTHONPATH=core:plugins python bench/dataq
 What is timed is ``kanal_dataquality.batches.scan_batches`` on record batches built with the
 gateway's codec (``encode_batch``, 500 records per batch, uncompressed): the generated scanner walks
 the batch bytes, decodes each value with orjson, runs the rules and decides per policy (mark on; every
-record passes, the common case). Rules reading only the value get the values from the compiled record
-walk (``kanal.protocol.records.record_values``); the same loop without it (the walk pasted into the
-loop, as on an install without a C compiler) is timed too. Two workloads:
+record passes, the common case). The records come from the core's compiled record walk: the values
+(``kanal.api.record_values``) when rules read only the value, else where each record's parts are
+(``kanal.api.record_spans``); the same loop over the walk's pure-Python reference (an install without
+a C compiler) is timed too. Two workloads:
 
 * ``orders``: the records of ``bench/dataquality_micro.py`` (about 200-byte JSON orders with three
   headers), its 3-clause CEL rule (one clause reads a header) and its order JSON schema;
@@ -47,7 +48,7 @@ from kanalbench.dataquality_scenario import SCHEMA as BENCH_SCHEMA  # noqa: E402
 from kanalbench.worker import values as bench_values  # noqa: E402
 
 from kanal.protocol.records import Record, RecordSet, encode_batch  # noqa: E402
-from kanal.protocol.records.values import python_record_values  # noqa: E402
+from kanal.protocol.records.values import python_record_spans, python_record_values  # noqa: E402
 
 PER_BATCH = 500
 
@@ -79,12 +80,12 @@ def batches_of(items: list[tuple[bytes, list[tuple[str, bytes]]]]) -> list[bytes
 
 def without_compiled_walk(plan: Plan) -> Plan:
     """The plan with its loop compiled as on an install without the C extension."""
-    compiled = scan_module.record_values
-    scan_module.record_values = python_record_values
+    compiled = scan_module.record_values, scan_module.record_spans
+    scan_module.record_values, scan_module.record_spans = python_record_values, python_record_spans
     try:
         return dataclasses.replace(plan, scanner=compile_scanner(plan))
     finally:
-        scan_module.record_values = compiled
+        scan_module.record_values, scan_module.record_spans = compiled
 
 
 def median_us(fn: Callable[[], None], count: int, repeats: int) -> float:

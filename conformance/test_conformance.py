@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-import kanal.net.connection
+import kanal.pipeline.core_rules
 from kanal.conformance.replay import Case, discover_cases, load_case, run_case
 from kanal.protocol.api import ApiKey
 
@@ -39,12 +39,12 @@ def test_a_gateway_that_forgets_the_findcoordinator_rewrite_fails_with_a_readabl
     """The core's rewrite is broken for FindCoordinator only (monkeypatched in this process): the
     client would be sent to the upstream broker directly. The replay must fail on exactly those
     responses, naming the field, the captured value and what the client got."""
-    rewrite = kanal.net.connection.rewrite_addresses
+    rewrite = kanal.pipeline.core_rules.rewrite_addresses
 
     def forgets_find_coordinator(api_key: int, body: Any, address_of: Any) -> Any:
         return None if api_key == ApiKey.FIND_COORDINATOR else rewrite(api_key, body, address_of)
 
-    monkeypatch.setattr(kanal.net.connection, "rewrite_addresses", forgets_find_coordinator)
+    monkeypatch.setattr(kanal.pipeline.core_rules, "rewrite_addresses", forgets_find_coordinator)
     result = run_case(load_case(HERE / "captures" / "kafka" / "rdkafka.jsonl"))
 
     assert not result.ok

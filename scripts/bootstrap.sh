@@ -10,4 +10,5 @@ fi
 .venv/bin/python -m pip install --quiet -e ".[${extras}]"
 if [ "$extras" = "test" ]; then
     .venv/bin/python -m pip install --quiet -e "plugins-contrib/kanal-header-injection[test]"
+    .venv/bin/python -m pip install --quiet -e "plugins-contrib/kanal-topic-quota[test]"
 fi

@@ -7,7 +7,10 @@ bash scripts/bootstrap.sh test
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
 .venv/bin/mypy
-# The third-party plugin is checked and tested as its own project, the way its authors would.
+.venv/bin/lint-imports --no-cache
+# The third-party plugins are checked and tested as their own projects, the way their authors would.
 (cd plugins-contrib/kanal-header-injection && MYPYPATH=../../core ../../.venv/bin/mypy src tests \
+    && ../../.venv/bin/python -m pytest -q -p no:cacheprovider)
+(cd plugins-contrib/kanal-topic-quota && MYPYPATH=../../core ../../.venv/bin/mypy src tests \
     && ../../.venv/bin/python -m pytest -q -p no:cacheprovider)
 .venv/bin/python -m pytest -q "$@"

@@ -14,15 +14,16 @@ from collections.abc import Sequence
 import trio
 
 from kanal import __version__
-from kanal.admin.service import dev_admin_user, dev_http_port
+from kanal.admin.cli import CommandLine
 from kanal.admin.service import install as install_admin
-from kanal.config.errors import ConfigError
+from kanal.api.errors import ConfigError, InterceptorConfigError
 from kanal.config.loader import load_settings
 from kanal.config.settings import Settings
+from kanal.embedded.dev import dev_admin_user, dev_http_port
 from kanal.gateway import Gateway, Listening
 from kanal.logs import configure_logging
-from kanal.pipeline.interceptor import InterceptorConfigError
 from kanal.pipeline.registry import PluginError, PluginRegistry
+from kanal.protocol.records import record_walker
 
 
 def _registry() -> PluginRegistry:
@@ -45,7 +46,7 @@ async def serve(settings: Settings, registry: PluginRegistry, banner: str = "") 
     raise_open_file_limit()
     gateway = Gateway(settings, registry)
     install_admin(gateway)  # admin HTTP API, health, metrics and the persistent resource store
-    for services in registry.manager.hook.kanal_gateway_services(gateway=gateway):
+    for _, services in registry.call_each("kanal_gateway_services", gateway.services_for):
         gateway.services.extend(services or ())  # plugins' companion services (kanal_gateway_services)
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
         async with trio.open_nursery() as nursery:
@@ -135,18 +136,15 @@ def _dev(args: argparse.Namespace) -> int:
 
 
 def _version(args: argparse.Namespace) -> int:
-    print(f"kanal {__version__}")
+    walker = record_walker()
+    print(f"kanal {__version__} (record walk: {walker}{'' if walker == 'compiled' else ', no C compiler at install'})")
     return 0
 
 
-# Modules that add subcommands: each defines ``add_commands(subparsers)``; a command's handler
-# takes the parsed arguments and returns the exit code.
-COMMAND_MODULES: tuple[str, ...] = (
-    "kanal.conformance.cli",
-    "kanal.admin.cli",
-    "kanal_registry_proxy.cli",
-    "kanal_dataquality.cli",
-)
+# Core modules that add subcommands: each defines ``add_commands(subparsers)``; a command's handler
+# takes the parsed arguments and returns the exit code. Plugins add theirs through the
+# ``kanal_cli_commands`` hook.
+COMMAND_MODULES: tuple[str, ...] = ("kanal.conformance.cli", "kanal.admin.cli")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -162,6 +160,7 @@ def build_parser() -> argparse.ArgumentParser:
     version.set_defaults(func=_version)
     for module in COMMAND_MODULES:
         importlib.import_module(module).add_commands(commands)
+    _registry().manager.hook.kanal_cli_commands(commands=commands, cli=CommandLine(os.environ))
     return parser
 
 

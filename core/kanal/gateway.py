@@ -4,34 +4,36 @@ from __future__ import annotations
 
 import itertools
 import logging
+import os
 import socket
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 import trio
 
+from kanal.api.context import Connection
+from kanal.api.errors import UpstreamError
+from kanal.api.interceptor import Interceptor
+from kanal.api.services import Service
 from kanal.config.settings import Settings
 from kanal.metrics import GatewayMetrics
 from kanal.net.channel import KafkaChannel
 from kanal.net.connection import ClientConnection, FrameTap
+from kanal.net.kafka_client import GatewayKafkaClient
 from kanal.net.tls import server_context, upstream_context
-from kanal.net.upstream import ControlClient, UpstreamError, open_upstream
+from kanal.net.upstream import open_upstream
 from kanal.pipeline.chain import Pipeline
-from kanal.pipeline.context import Connection
+from kanal.pipeline.core_rules import CoreRules
 from kanal.pipeline.registry import PluginRegistry
 from kanal.protocol.api import ApiKey
 from kanal.protocol.api import preload as preload_schemas
 from kanal.protocol.rewrite import Address
 from kanal.protocol.topic_names import TopicNames
+from kanal.services import CoreServices, PluginServices, ResolvingTopicNames
 
 log = logging.getLogger(__name__)
-
-
-class Service(Protocol):
-    """A companion task of the gateway; it calls ``task_status.started()`` once it serves."""
-
-    async def __call__(self, gateway: Gateway, *, task_status: trio.TaskStatus[None]) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -57,23 +59,38 @@ def _host_port(stream: trio.abc.Stream) -> tuple[str, int, str, int]:
 class Gateway:
     """One gateway node in front of one Kafka cluster."""
 
-    def __init__(self, settings: Settings, registry: PluginRegistry) -> None:
+    def __init__(self, settings: Settings, registry: PluginRegistry, environ: Mapping[str, str] | None = None) -> None:
         self.settings = settings
         self.registry = registry
-        self.pipeline = Pipeline(registry)
-        self.pipeline.configure(settings.interceptors)
         self.metrics = GatewayMetrics()
         if settings.feature("lifecycle_metrics"):
             self.metrics.enable_lifecycle()
         self.topic_names = TopicNames()
+        timeout = settings.upstream_connect_timeout_ms / 1000
+        self.kafka = GatewayKafkaClient(
+            settings.upstream,
+            timeout,
+            settings.max_frame_size,
+            "kanal-gateway",
+            on_metadata=lambda response: self.topic_names.learn(ApiKey.METADATA, response),
+        )
+        self.core_services = CoreServices(
+            settings,
+            os.environ if environ is None else environ,
+            self.metrics.registry,
+            ResolvingTopicNames(self.topic_names, self.kafka),
+            self.kafka,
+        )
+        self.pipeline = Pipeline(registry, self.services_for, self._retire)
+        self.core_services.pipeline = self.pipeline
+        self.pipeline.configure(settings.interceptors)
+        self.core_rules = CoreRules(self.learn_brokers, self.topic_names, self.advertised_address)
         self.brokers: dict[int, Address] = {}
         self.min_broker_id = settings.min_broker_id
         self.port_count = settings.port_count
         self.advertised_host = settings.advertised_host or (
             socket.gethostname() if settings.bind_host in ("0.0.0.0", "::") else settings.bind_host
         )
-        timeout = settings.upstream_connect_timeout_ms / 1000
-        self.control = ControlClient(settings.upstream, timeout, settings.max_frame_size)
         self._upstream_tls = upstream_context(settings.upstream)
         self._bootstrap = itertools.cycle(settings.upstream.bootstrap_servers)
         self._connection_ids = itertools.count(1)
@@ -88,6 +105,23 @@ class Gateway:
         # each is ``async def service(gateway, *, task_status)`` and runs until cancelled.
         self.services: list[Service] = []
         self.stopping = trio.Event()
+
+    @property
+    def resolving_topic_names(self) -> ResolvingTopicNames:
+        """Topic names with resolution through the gateway's Kafka client (for hooks)."""
+        return self.core_services.topic_names
+
+    def topic_id_name(self, topic_id: uuid.UUID) -> str | None:
+        """The name of a topic id if the gateway has seen it (no I/O)."""
+        return self.topic_names.name(topic_id)
+
+    def services_for(self, plugin: str) -> PluginServices:
+        """What plugin ``plugin`` gets of this gateway (the same object on every call)."""
+        return self.core_services.for_plugin(plugin)
+
+    def _retire(self, interceptor: Interceptor) -> None:
+        """Closes an interceptor that was replaced or removed, in the background."""
+        self.core_services.start_soon(interceptor.aclose, (), f"closing interceptor {type(interceptor).__name__}")
 
     # -- addresses -----------------------------------------------------------------------------
 
@@ -114,6 +148,7 @@ class Gateway:
 
     def learn_brokers(self, brokers: dict[int, Address]) -> None:
         """Records upstream broker addresses announced in Metadata or DescribeCluster."""
+        self.kafka.learn(brokers)
         for node_id, address in brokers.items():
             if self.brokers.get(node_id) != address:
                 log.info("upstream broker %d is at %s:%d", node_id, *address)
@@ -130,17 +165,6 @@ class Gateway:
             self._upstream_tls,
         )
 
-    async def topic_name(self, topic_id: uuid.UUID) -> str:
-        """The name of a topic id, asking the cluster on a cache miss; the id itself if unknown."""
-        name = self.topic_names.name(topic_id)
-        if name is None:
-            try:
-                self.topic_names.learn(ApiKey.METADATA, await self.control.metadata())
-            except UpstreamError as exc:
-                log.warning("cannot resolve topic id %s: %s", topic_id, exc)
-            name = self.topic_names.name(topic_id)
-        return name if name is not None else str(topic_id)
-
     # -- running -------------------------------------------------------------------------------
 
     async def discover(self) -> None:
@@ -148,14 +172,13 @@ class Gateway:
         delay = 0.2
         while True:
             try:
-                metadata = await self.control.metadata()
+                metadata = await self.kafka.metadata()
                 break
             except UpstreamError as exc:
                 log.warning("waiting for the upstream cluster: %s", exc)
                 await trio.sleep(delay)
                 delay = min(delay * 2, 5.0)
-        preload_schemas(self.control.versions)
-        self.topic_names.learn(ApiKey.METADATA, metadata)
+        preload_schemas(self.kafka.versions)
         self.learn_brokers({int(b.node_id): (str(b.host), int(b.port)) for b in metadata.brokers})
         ids = sorted(self.brokers)
         if not ids:
@@ -191,8 +214,9 @@ class Gateway:
         async with trio.open_nursery() as nursery:
             with self._serve_scope:
                 await nursery.start(trio.serve_listeners, self._handle, listeners)
+                await nursery.start(self.core_services.run)
                 for service in self.services:
-                    await nursery.start(service, self)
+                    await nursery.start(service)
                 task_status.started(
                     Listening(f"{self.advertised_host}:{ports[0]}", ports[0], ports[-1], self.min_broker_id, upstream)
                 )
@@ -203,7 +227,13 @@ class Gateway:
             if self.connections:
                 log.warning("shutdown timeout: closing %d connections with requests in flight", len(self.connections))
             nursery.cancel_scope.cancel()
-        await self.control.aclose()
+        with trio.CancelScope(shield=True):
+            for interceptor in self.pipeline.instances():
+                try:
+                    await interceptor.aclose()
+                except Exception:
+                    log.exception("closing interceptor %s failed", type(interceptor).__name__)
+            await self.kafka.aclose()
 
     def shutdown(self) -> None:
         """Stops accepting, stops reading new requests and lets in-flight ones finish."""

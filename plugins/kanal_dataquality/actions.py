@@ -15,7 +15,7 @@ from collections.abc import Sequence
 
 import orjson
 
-from kanal.protocol.records import Record, RecordBatch
+from kanal.api import Record, RecordBatch
 from kanal_dataquality.cel import Outcome
 from kanal_dataquality.evaluate import Violation
 from kanal_dataquality.policies import Plan

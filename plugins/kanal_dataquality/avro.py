@@ -1,40 +1,46 @@
 """Schema ids on records, the schema registry behind them, and Avro payloads converted to JSON.
 
-Where a record says which schema its value (or key) was written with:
-
-* a prefix of the payload: magic byte ``0`` then the id as a 4-byte big-endian integer (the Confluent
-  wire format); the Avro body follows;
-* a record header, ``__value_schema_id`` (``__key_schema_id`` for the key), in any of the forms
-  clients write: magic byte ``1`` and a 16-byte GUID (confluent-kafka's header serializer), magic
-  byte ``0`` and a 4-byte id, a bare 16-byte GUID, a bare 4-byte id, or the id or GUID as text. The
-  payload is then the Avro body alone. A header wins over a prefix, as in confluent-kafka's
-  deserializer.
+Where a record says which schema its value (or key) was written with (a Confluent wire format prefix,
+or a ``__value_schema_id``/``__key_schema_id`` header in any form clients write) is
+:mod:`kanal_schemas.framing`'s; a header wins over a prefix, as in confluent-kafka's deserializer.
 
 :class:`SchemaRegistry` resolves ids (``GET /schemas/ids/{id}``) and GUIDs (``GET /schemas/guids/{guid}``)
-with a bounded LRU cache of schemas, a short negative cache of unknown ids, and a shorter one of
-failed lookups (an unreachable registry is retried after a second, never treated as a pass). Lookups
-are async and happen before the record loop, once per batch, for the ids the cache lacks.
+through the shared :class:`kanal_schemas.SchemaRegistryClient`: a bounded LRU cache of schemas, a short
+negative cache of unknown ids, and a shorter one of failed lookups (an unreachable registry is retried
+after a second, never treated as a pass). Lookups are async and happen before the record loop, once per
+batch, for the ids the cache lacks; the loop reads the cache synchronously (:meth:`SchemaRegistry.cached`).
 
 Conversion. CEL and JSON schema rules see the JSON form of an Avro value: records become objects,
 unions their plain value, enums strings, ``bytes`` and ``fixed`` strings (one character per byte,
 as Avro's JSON encoding does), logical types their underlying value (a ``timestamp-millis`` stays
-a number), maps objects, arrays lists.
+a number), maps objects, arrays lists. Schemas with references are parsed with the referenced
+schemas (fetched by subject and version).
 """
 
 from __future__ import annotations
 
 import io
 import time
-import uuid
-from collections import OrderedDict
-from collections.abc import Callable, Iterable
+import weakref
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import fastavro
 import orjson
-
-from kanal_dataquality.http import HttpError, request
+from kanal_schemas import (
+    AVRO,
+    KEY_HEADER,
+    VALUE_HEADER,
+    RegistryError,
+    Schema,
+    SchemaNotFound,
+    SchemaRef,
+    SchemaRegistryClient,
+    describe_ref,
+    header_ref,
+    prefix_ref,
+)
 
 __all__ = [
     "AVRO",
@@ -44,57 +50,11 @@ __all__ = [
     "SchemaRef",
     "SchemaRegistry",
     "avro_reader",
+    "describe_ref",
     "header_ref",
     "prefix_ref",
     "to_json",
 ]
-
-AVRO = "AVRO"
-VALUE_HEADER = "__value_schema_id"
-KEY_HEADER = "__key_schema_id"
-
-SchemaRef = int | str  # an integer id, or a GUID in canonical text form
-
-
-def prefix_ref(payload: bytes | None) -> int | None:
-    """The schema id of a payload in the Confluent wire format (magic 0 + 4-byte id), else None."""
-    if payload is None or len(payload) < 5 or payload[0] != 0:
-        return None
-    return int.from_bytes(payload[1:5], "big")
-
-
-def header_ref(raw: bytes | None) -> SchemaRef | None:
-    """The schema reference a ``__value_schema_id``/``__key_schema_id`` header value holds, else None."""
-    if raw is None:
-        return None
-    n = len(raw)
-    if n >= 17 and raw[0] == 1:
-        return str(uuid.UUID(bytes=bytes(raw[1:17])))
-    if n == 5 and raw[0] == 0:
-        return int.from_bytes(raw[1:5], "big")
-    if n == 16:
-        try:
-            text = raw.decode("ascii")
-        except UnicodeDecodeError:
-            text = ""
-        if not text.isdigit():
-            return str(uuid.UUID(bytes=bytes(raw)))
-    if n == 4:
-        return int.from_bytes(raw, "big")
-    try:
-        text = raw.decode("ascii").strip()
-    except UnicodeDecodeError:
-        return None
-    if text.isdigit():
-        return int(text)
-    try:
-        return str(uuid.UUID(text))
-    except ValueError:
-        return None
-
-
-def describe_ref(ref: SchemaRef) -> str:
-    return f"schema id {ref}" if isinstance(ref, int) else f"schema GUID {ref}"
 
 
 # -- conversion to JSON -------------------------------------------------------------------------
@@ -128,11 +88,15 @@ def _has_bytes(schema: Any) -> bool:
     return b'"bytes"' in text or b'"fixed"' in text
 
 
-def avro_reader(schema_text: str) -> Callable[[bytes], Any]:
-    """A function decoding an Avro body written with this schema into its JSON form."""
-    parsed = fastavro.parse_schema(_strip_logical(orjson.loads(schema_text)))
+def avro_reader(schema_text: str, named: Sequence[str] = ()) -> Callable[[bytes], Any]:
+    """A function decoding an Avro body written with this schema into its JSON form (``named``: the
+    texts of the schemas it references, each before those that use it)."""
+    named_schemas: dict[str, Any] = {}
+    for text in named:
+        fastavro.parse_schema(_strip_logical(orjson.loads(text)), named_schemas=named_schemas)
+    parsed = fastavro.parse_schema(_strip_logical(orjson.loads(schema_text)), named_schemas=named_schemas)
     read = fastavro.schemaless_reader
-    if _has_bytes(parsed):
+    if _has_bytes(parsed) or any(_has_bytes(orjson.loads(text)) for text in named):
 
         def decode(body: bytes) -> Any:
             return to_json(read(io.BytesIO(body), parsed, None))
@@ -162,11 +126,30 @@ class SchemaInfo:
     decode: Callable[[bytes], Any] | None
     error: str | None = None
     unreachable: bool = False
-    expires: float = float("inf")
+
+
+_INFO = "kanal_dataquality.info"  # the key of a schema's SchemaInfo in its memo
+
+
+def _found(ref: SchemaRef, schema: Schema, named: Sequence[Schema] | None) -> SchemaInfo:
+    """The info of a found schema (``named``: its references, None when they could not be fetched)."""
+    decode = None
+    if schema.schema_type == AVRO and (named is not None or not schema.references):
+        try:
+            decode = avro_reader(schema.text, [n.text for n in named or ()])
+        except Exception:  # a schema fastavro cannot parse: the id still exists and is Avro
+            decode = None
+    return SchemaInfo(ref, schema.schema_type, decode)
+
+
+def _failed(ref: SchemaRef, exc: RegistryError) -> SchemaInfo:
+    if isinstance(exc, SchemaNotFound):
+        return SchemaInfo(ref, None, None, f"{describe_ref(ref)} is not in the schema registry")
+    return SchemaInfo(ref, None, None, f"schema registry unreachable: {exc.message}", True)
 
 
 class SchemaRegistry:
-    """Schema lookups against a registry with the common REST API, cached."""
+    """Schema lookups against a registry with the common REST API, cached (by the shared client)."""
 
     def __init__(
         self,
@@ -180,85 +163,67 @@ class SchemaRegistry:
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.url = url.rstrip("/")
-        self.timeout = timeout
-        self.cache_size = cache_size
-        self.negative_ttl = negative_ttl
-        self.failure_ttl = min(failure_ttl, negative_ttl)
-        self.clock = clock
-        self._cache: OrderedDict[SchemaRef, SchemaInfo] = OrderedDict()
-        self._headers = {"Accept": "application/vnd.schemaregistry.v1+json, application/json"}
-        if user_info:
-            import base64
+        self.client = SchemaRegistryClient(
+            self.url,
+            user_info=user_info,
+            timeout=timeout,
+            cache_size=cache_size,
+            negative_ttl=negative_ttl,
+            failure_ttl=min(failure_ttl, negative_ttl),
+            clock=clock,
+        )
+        # the info of each error the client holds (gone with the error)
+        self._errors: weakref.WeakKeyDictionary[RegistryError, SchemaInfo] = weakref.WeakKeyDictionary()
 
-            self._headers["Authorization"] = "Basic " + base64.b64encode(user_info.encode()).decode()
-        self.lookups = 0  # calls made to the registry (tests and metrics)
+    @property
+    def lookups(self) -> int:
+        """Calls made to the registry (tests and metrics)."""
+        return self.client.lookups
 
     def cached(self, ref: SchemaRef) -> SchemaInfo | None:
         """The cached answer for ``ref`` if it is still valid (sync: used in the record loop)."""
-        info = self._cache.get(ref)
+        entry = self.client.cached(ref)
+        if entry is None:
+            return None
+        if isinstance(entry, Schema):
+            info: SchemaInfo | None = entry.memoized(_INFO)
+            if info is None:
+                if entry.references and entry.schema_type == AVRO:
+                    return None  # its references are being fetched (by _load)
+                info = entry.memo(_INFO, lambda schema: _found(ref, schema, ()))
+            return info
+        info = self._errors.get(entry)
         if info is None:
-            return None
-        if info.expires <= self.clock():
-            del self._cache[ref]
-            return None
+            info = self._errors[entry] = _failed(ref, entry)
         return info
 
     def missing(self, refs: Iterable[SchemaRef]) -> set[SchemaRef]:
         return {ref for ref in refs if self.cached(ref) is None}
 
     async def resolve(self, refs: Iterable[SchemaRef]) -> None:
-        """Looks up every reference the cache lacks (one call each)."""
+        """Looks up every reference the cache lacks (one call each, and one per referenced schema)."""
         for ref in self.missing(refs):
-            self._store(await self._fetch(ref))
+            await self._load(ref)
 
     async def get(self, ref: SchemaRef) -> SchemaInfo:
         info = self.cached(ref)
         if info is None:
-            info = await self._fetch(ref)
-            self._store(info)
+            info = await self._load(ref)
         return info
 
-    def _store(self, info: SchemaInfo) -> None:
-        cache = self._cache
-        cache[info.ref] = info
-        cache.move_to_end(info.ref)
-        while len(cache) > self.cache_size:
-            cache.popitem(last=False)
-
-    async def _fetch(self, ref: SchemaRef) -> SchemaInfo:
-        self.lookups += 1
-        path = f"/schemas/ids/{ref}" if isinstance(ref, int) else f"/schemas/guids/{ref}"
-        now = self.clock()
+    async def _load(self, ref: SchemaRef) -> SchemaInfo:
         try:
-            response = await request("GET", self.url + path, headers=self._headers, timeout=self.timeout)
-        except HttpError as exc:
-            return SchemaInfo(ref, None, None, f"schema registry unreachable: {exc}", True, now + self.failure_ttl)
-        if response.status == 404:
-            return SchemaInfo(
-                ref, None, None, f"{describe_ref(ref)} is not in the schema registry", False, now + self.negative_ttl
-            )
-        if response.status != 200:
-            text = response.body[:200].decode("utf-8", "replace")
-            return SchemaInfo(
-                ref,
-                None,
-                None,
-                f"schema registry unreachable: HTTP {response.status} for {describe_ref(ref)}: {text}",
-                True,
-                now + self.failure_ttl,
-            )
-        try:
-            document = orjson.loads(response.body)
-            schema_type = str(document.get("schemaType") or AVRO).upper()
-            schema_text = document.get("schema")
-        except (orjson.JSONDecodeError, AttributeError):
-            return SchemaInfo(
-                ref, None, None, "schema registry unreachable: the answer is not JSON", True, now + self.failure_ttl
-            )
-        decode = None
-        if schema_type == AVRO and isinstance(schema_text, str):
+            schema = await self.client.schema(ref)
+        except RegistryError as exc:
+            info = self._errors[exc] = _failed(ref, exc)
+            return info
+        named: list[Schema] | None = None
+        if schema.references and schema.schema_type == AVRO:
             try:
-                decode = avro_reader(schema_text)
-            except Exception:  # a schema fastavro cannot parse: the id still exists and is Avro
-                decode = None
-        return SchemaInfo(ref, schema_type, decode)
+                named = await self.client.references(schema)
+            except RegistryError:
+                named = None  # decoded as bytes, as a schema that does not parse
+        return schema.memo(_INFO, lambda s: _found(ref, s, named))
+
+    async def aclose(self) -> None:
+        await self.client.aclose()

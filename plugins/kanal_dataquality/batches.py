@@ -7,7 +7,7 @@ the records in order (:mod:`kanal_dataquality.policies` says which violations co
 
 **Large batches, two cores.** The gateway runs in one thread. A batch whose records take at least
 :data:`MIN_SPLIT` bytes (decompressed) is split at a record boundary: a helper process
-(:class:`kanal.parallel.HelperProcess`) runs the plan's checks over the first records while the
+(:class:`kanal.api.HelperProcess`) runs the plan's checks over the first records while the
 gateway runs its loop over the rest (:data:`LOCAL_SHARE` of them). The helper answers only which of
 its records the checks did not clearly pass (usually none), and the gateway then decides those with
 the exact path, in order, before its own part's results: a blocking violation in the helper's part
@@ -21,18 +21,17 @@ from __future__ import annotations
 
 import functools
 from array import array
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Final
 
 import orjson
 
-from kanal.parallel import HelperProcess
-from kanal.protocol.records import NONE, RecordBatch, records_area
+from kanal.api import NONE, HelperProcess, RecordBatch, records_area, skip_records
 from kanal_dataquality.cel import PASSED, Outcome
 from kanal_dataquality.evaluate import BatchResult, Violation, evaluate
 from kanal_dataquality.policies import CompiledPolicy, Plan, build_plan
 from kanal_dataquality.rules import CEL, JSON_SCHEMA, compile_rule
-from kanal_dataquality.scan import Checker, Failed, compile_checker, compile_scanner, skip_records
+from kanal_dataquality.scan import Checker, Failed, compile_checker, compile_scanner
 
 __all__ = ["LOCAL_SHARE", "MIN_SPLIT", "check_part", "may_split", "new_helper", "scan_batches", "scan_batches_split"]
 
@@ -44,9 +43,10 @@ MIN_SPLIT = 256 * 1024
 LOCAL_SHARE: Final = 0.5
 
 
-def new_helper() -> HelperProcess:
-    """The data-quality helper process (it starts with the first large batch)."""
-    return HelperProcess("kanal-data-quality-helper", check_part)
+def new_helper(start_soon: Callable[..., None] | None = None) -> HelperProcess:
+    """The data-quality helper process (it starts with the first large batch, in the background as a
+    task of the gateway when ``start_soon`` is its ``services.start_soon``)."""
+    return HelperProcess("kanal-data-quality-helper", check_part, start_soon)
 
 
 def may_split(batch: RecordBatch) -> bool:
@@ -114,7 +114,7 @@ class _Run:
                     helper.start()  # in the background: this batch, and those until it is ready, stay here
                 return self._scan(batch, data, start)
             first = count - max(1, int(count * LOCAL_SHARE))  # the helper's records: 0 to first
-            cut = skip_records(data, start, first)
+            cut = skip_records(data, start, first, len(data))
             return await self._split(batch, helper, data, start, first, cut)
         except (IndexError, ValueError):
             del self.violations[kept:]
@@ -218,8 +218,8 @@ def _spans(part: bytes, indexes: list[int]) -> list[int]:
     out: list[int] = []
     p = at = 0
     for index in indexes:
-        p = skip_records(part, p, index - at)
-        end = skip_records(part, p, 1)
+        p = skip_records(part, p, index - at, len(part))
+        end = skip_records(part, p, 1, len(part))
         out += (index, p, end)
         p, at = end, index + 1
     return out

@@ -7,9 +7,11 @@
     kanal test-rule --local --cel "..." --value '...'                           # no gateway needed
 
 It asks the gateway (``POST /gateway/v2/data-quality/test-rule``, same ``--url``/``--user``/``--password``
-as ``kanal apply``) unless ``--local`` is given (inline rules only; EnforceAvro and Avro payloads need
-the gateway's registry). Prints ``passed``, ``failed: <message>`` or ``evaluation error: <message>``;
-exit code 0 passed, 2 failed, 3 evaluation error, 1 for a problem with the command itself.
+and ``KANAL_URL``/``KANAL_USER``/``KANAL_PASSWORD`` as ``kanal apply``) unless ``--local`` is given
+(inline rules only; EnforceAvro and Avro payloads need the gateway's registry). Prints ``passed``,
+``failed: <message>`` or ``evaluation error: <message>``; exit code 0 passed, 2 failed, 3 evaluation
+error, 1 for a problem with the command itself. The plugin adds the command through the
+``kanal_cli_commands`` hook (:func:`add_commands`).
 """
 
 from __future__ import annotations
@@ -17,16 +19,16 @@ from __future__ import annotations
 import argparse
 import base64
 import json
-import os
 import sys
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from kanal.api import CliContext, CliError
+
 __all__ = ["add_commands"]
 
-DEFAULT_URL = "http://localhost:8888"
 EXIT = {"passed": 0, "failed": 2, "evaluationError": 3}
 
 
@@ -109,11 +111,9 @@ def _local(body: dict[str, Any]) -> dict[str, Any]:
     return answer
 
 
-def _remote(args: argparse.Namespace, body: dict[str, Any]) -> dict[str, Any]:
-    from kanal.admin.cli import Client, CliError
-
+def _remote(args: argparse.Namespace, body: dict[str, Any], cli: CliContext) -> dict[str, Any]:
     try:
-        answer: dict[str, Any] = Client(args.url, args.user, args.password).call(
+        answer: dict[str, Any] = cli.admin_client(args.url, args.user, args.password).call(
             "POST", "/gateway/v2/data-quality/test-rule", body
         )
     except CliError as exc:
@@ -121,10 +121,10 @@ def _remote(args: argparse.Namespace, body: dict[str, Any]) -> dict[str, Any]:
     return answer
 
 
-def _test_rule(args: argparse.Namespace) -> int:
+def _test_rule(args: argparse.Namespace, cli: CliContext) -> int:
     try:
         body = _body(args)
-        answer = _local(body) if args.local else _remote(args, body)
+        answer = _local(body) if args.local else _remote(args, body, cli)
     except _Problem as exc:
         print(f"kanal: {exc}", file=sys.stderr)
         return 1
@@ -142,7 +142,8 @@ def _test_rule(args: argparse.Namespace) -> int:
     return EXIT.get(str(answer.get("result")), 1)
 
 
-def add_commands(commands: Any) -> None:
+def add_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser], cli: CliContext) -> None:
+    """Adds ``kanal test-rule``; ``cli`` reaches the gateway's admin API."""
     parser = commands.add_parser(
         "test-rule", help="test a data quality rule on a sample key, value and headers (passed, failed, error)"
     )
@@ -156,7 +157,7 @@ def add_commands(commands: Any) -> None:
     parser.add_argument("--header", action="append", help="a sample header NAME=VALUE (repeatable)")
     parser.add_argument("--local", action="store_true", help="evaluate here, without a gateway (inline rules)")
     parser.add_argument("-o", "--output", choices=("text", "json"), default="text")
-    parser.add_argument("--url", default=os.environ.get("KANAL_URL", DEFAULT_URL), help="admin API URL (KANAL_URL)")
-    parser.add_argument("--user", default=os.environ.get("KANAL_USER"), help="admin API user (KANAL_USER)")
-    parser.add_argument("--password", default=os.environ.get("KANAL_PASSWORD"), help="password (KANAL_PASSWORD)")
-    parser.set_defaults(func=_test_rule)
+    parser.add_argument("--url", help="admin API URL (default KANAL_URL, else http://localhost:8888)")
+    parser.add_argument("--user", help="admin API user (default KANAL_USER)")
+    parser.add_argument("--password", help="password (default KANAL_PASSWORD)")
+    parser.set_defaults(func=lambda args: _test_rule(args, cli))

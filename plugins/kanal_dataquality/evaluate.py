@@ -24,18 +24,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import orjson
+from kanal_schemas import AVRO, KEY_HEADER, VALUE_HEADER, SchemaRef, describe_ref, header_ref, prefix_ref
 
-from kanal.protocol.records import Record, RecordBatch
-from kanal_dataquality.avro import (
-    AVRO,
-    KEY_HEADER,
-    VALUE_HEADER,
-    SchemaRef,
-    SchemaRegistry,
-    describe_ref,
-    header_ref,
-    prefix_ref,
-)
+from kanal.api import Record, RecordBatch
+from kanal_dataquality.avro import SchemaRegistry
 from kanal_dataquality.cel import PASSED, Outcome, headers_map
 from kanal_dataquality.policies import Plan
 

@@ -14,7 +14,8 @@ retention) holds three kinds of JSON records, keyed by policy name:
 
 Every node follows the topic from its start, so each serves the whole fleet's history and counts, and
 a restart loses nothing. A node shows its own violations at once (before they come back from the
-topic); counts come only from the topic, so they lag by at most the flush interval.
+topic); counts come only from the topic, so they lag by at most the flush interval. The topic is a
+state log of the plugin's services (``services.state_log(topic, compacted=False, retention_ms=...)``).
 """
 
 from __future__ import annotations
@@ -30,13 +31,10 @@ from typing import Any
 
 import orjson
 import trio
-from kio.schema.errors import ErrorCode
 
-from kanal.admin.kafka_log import CompactedLog, LogError, LogRecord
-from kanal.config.upstream import UpstreamSettings
-from kanal.protocol.entities import build, has_field, nested
+from kanal.api import LogError, LogRecord, StateLog
 
-__all__ = ["RANGES", "History", "HistoryLog", "Reporter"]
+__all__ = ["RANGES", "History", "Reporter", "follow", "publish"]
 
 log = logging.getLogger(__name__)
 
@@ -52,54 +50,6 @@ _MAX_AGE_MS = 7 * 86400 * 1000
 
 def _now_ms() -> int:
     return int(time.time() * 1000)
-
-
-class HistoryLog(CompactedLog):
-    """The history topic: like the state topic (the gateway's own Kafka code), but a time-retained
-    log (``cleanup.policy=delete``), written many records per call."""
-
-    def __init__(
-        self,
-        topic: str,
-        upstream: UpstreamSettings,
-        timeout: float = 10.0,
-        replication_factor: int = -1,
-        retention_seconds: float = 7 * 86400.0,
-    ) -> None:
-        super().__init__(topic, upstream, timeout, replication_factor)
-        self.retention_ms = int(retention_seconds * 1000)
-
-    async def ensure_topic(self) -> None:
-        def make(connection: Any) -> Any:
-            cls = connection.request_class(19)
-            topic_cls = nested(cls, "topics")
-            config_cls = nested(topic_cls, "configs")
-            configs = (
-                _build(config_cls, name="cleanup.policy", value="delete"),
-                _build(config_cls, name="retention.ms", value=str(self.retention_ms)),
-            )
-            topic = _build(
-                topic_cls,
-                name=self.topic,
-                num_partitions=1,
-                replication_factor=self.replication_factor,
-                configs=configs,
-            )
-            return _build(cls, topics=(topic,), timeout=_ms(self.timeout))
-
-        reply = await self._call(make)
-        await self.reset()
-        for result in reply.topics:
-            if result.error_code not in (ErrorCode.none, ErrorCode.topic_already_exists):
-                raise LogError(f"cannot create the data quality history topic {self.topic}: {result.error_code.name}")
-
-
-def _build(cls: Any, **values: Any) -> Any:
-    return build(cls, **{k: v for k, v in values.items() if has_field(cls, k)})
-
-
-def _ms(seconds: float) -> datetime.timedelta:
-    return datetime.timedelta(milliseconds=int(seconds * 1000))
 
 
 # -- memory -------------------------------------------------------------------------------------
@@ -315,7 +265,7 @@ def new_node_id() -> str:
     return uuid.uuid4().hex[:12]
 
 
-async def publish(reporter: Reporter, log_: HistoryLog, flush_interval: float) -> None:
+async def publish(reporter: Reporter, log_: StateLog, flush_interval: float) -> None:
     """Publishes the reporter's queue as it fills (at most ~every 50 ms), and counts every interval."""
     reporter.connected = True
     next_counts = trio.current_time() + flush_interval
@@ -346,7 +296,7 @@ async def publish(reporter: Reporter, log_: HistoryLog, flush_interval: float) -
 
 
 async def follow(
-    history: History, log_: HistoryLog, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+    history: History, log_: StateLog, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
 ) -> None:
     """Reads the topic from its start, then follows it."""
     delay = 0.2

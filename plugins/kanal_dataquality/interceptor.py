@@ -1,9 +1,9 @@
 """The ``data-quality`` interceptor: evaluates the policies of a topic on each produced partition batch.
 
-Installed by the plugin itself (pipeline source ``data-quality``) while some DataQualityPolicy targets
-this gateway; its config is then ``{runtime: <id>}`` and it reads the policies the admin API stores.
-It may also be configured by hand (gateway config file), with the manifests inline, for a gateway
-without the admin API::
+Installed by the plugin itself (``services.install``) while some DataQualityPolicy targets this
+gateway; its config is then ``{managed: true}`` and it reads the policies the admin API stores, from
+the plugin's runtime in ``services.shared``. It may also be configured by hand (gateway config file),
+with the manifests inline, for a gateway without the admin API::
 
     interceptors:
       - name: orders-quality
@@ -22,22 +22,30 @@ from __future__ import annotations
 
 import bisect
 import logging
-from collections.abc import Awaitable, Mapping
-from typing import Any, ClassVar
+from collections.abc import Awaitable
+from typing import Annotated, Any, ClassVar, TypedDict
 
-from kanal.admin.resources import ResourceError
-from kanal.parallel import HelperProcess
-from kanal.pipeline.context import RecordsContext
-from kanal.pipeline.hookspecs import hookimpl
-from kanal.pipeline.interceptor import Interceptor, InterceptorConfigError
-from kanal.pipeline.results import PartitionError, RecordsResult
-from kanal.protocol.records import Record, RecordBatch
+import msgspec
+
+from kanal.api import (
+    GatewayServices,
+    HelperProcess,
+    Interceptor,
+    InterceptorConfigError,
+    PartitionError,
+    Record,
+    RecordBatch,
+    RecordsContext,
+    RecordsResult,
+    ResourceError,
+    hookimpl,
+)
 from kanal_dataquality.actions import INVALID_RECORD
 from kanal_dataquality.batches import may_split, scan_batches, scan_batches_split
 from kanal_dataquality.evaluate import BatchResult, evaluate, needed, schema_refs
 from kanal_dataquality.policies import Engine, Plan, compile_policy
 from kanal_dataquality.resources import POLICY, RULE, Checks, canonical_policy, canonical_rule, resource_kinds
-from kanal_dataquality.runtime import Runtime, compile_manifests, find_runtime
+from kanal_dataquality.runtime import RUNTIME, Runtime, compile_manifests
 from kanal_dataquality.settings import Settings
 
 __all__ = ["PLUGIN_NAME", "DataQualityInterceptor"]
@@ -48,20 +56,30 @@ PLUGIN_NAME = "data-quality"
 audit_log = logging.getLogger("kanal.audit")  # policy decisions, beside the admin API's events
 
 
+class DataQualityConfig(TypedDict, total=False):
+    """The interceptor's config: ``managed`` (set by the plugin), or the manifests inline."""
+
+    managed: Annotated[
+        bool,
+        msgspec.Meta(description="set by the plugin when it installs the interceptor: the stored policies apply"),
+    ]
+    clusterId: Annotated[
+        str, msgspec.Meta(min_length=1, description="the cluster name policies target (default: gateway)")
+    ]
+    rules: Annotated[list[dict[str, Any]], msgspec.Meta(description="DataQualityRule manifests")]
+    policies: Annotated[list[dict[str, Any]], msgspec.Meta(description="DataQualityPolicy manifests")]
+
+
 class _Inline:
     """Rules and policies given in the interceptor's own config."""
 
-    def __init__(self, config: Mapping[str, Any]) -> None:
+    def __init__(self, config: DataQualityConfig) -> None:
         cluster = config.get("clusterId", "gateway")
-        if not isinstance(cluster, str) or not cluster:
-            raise InterceptorConfigError(f"clusterId: expected a cluster name, got {cluster!r}")
         self.cluster = cluster
         kinds = {k.kind: k for k in resource_kinds(lambda: Checks(cluster), lambda *a: None)}
         rules = config.get("rules") or []
         policies = config.get("policies") or []
-        if not isinstance(rules, list):
-            raise InterceptorConfigError("rules: expected a list of DataQualityRule manifests")
-        if not isinstance(policies, list) or not policies:
+        if not policies:
             raise InterceptorConfigError("policies: expected a non-empty list of DataQualityPolicy manifests")
         self.rules: list[dict[str, Any]] = []
         for i, manifest in enumerate(rules):
@@ -96,42 +114,39 @@ class DataQualityInterceptor(Interceptor):
     description: ClassVar[str] = (
         "Data quality rules and policies on produced records: block, mark and report violations."
     )
-    config_schema: ClassVar[Mapping[str, Any] | None] = {
-        "type": "object",
-        "additionalProperties": False,
-        "properties": {
-            "runtime": {"type": "string", "description": "set by the plugin when it installs the interceptor"},
-            "clusterId": {"type": "string", "description": "the cluster name policies target (default: gateway)"},
-            "rules": {"type": "array", "items": {"type": "object"}, "description": "DataQualityRule manifests"},
-            "policies": {"type": "array", "items": {"type": "object"}, "description": "DataQualityPolicy manifests"},
-        },
-    }
+    config_type: ClassVar[type[Any] | None] = DataQualityConfig
 
-    def __init__(self, config: Mapping[str, Any]) -> None:
-        super().__init__(config)
-        unknown = sorted(set(config) - {"runtime", "clusterId", "rules", "policies"})
-        if unknown:
-            raise InterceptorConfigError(f"{unknown[0]}: unknown key (expected runtime, or clusterId, rules, policies)")
-        runtime_id = config.get("runtime")
-        if runtime_id is not None and not isinstance(runtime_id, str):
-            raise InterceptorConfigError("runtime: expected a string")
-        self._runtime_id = runtime_id
+    def __init__(self, config: DataQualityConfig, services: GatewayServices) -> None:
+        super().__init__(config, services)
+        self.config: DataQualityConfig = config
+        self._managed = bool(config.get("managed"))
         self._runtime: Runtime | None = None
+        self._own_runtime: Runtime | None = None  # a runtime of this interceptor's alone (closed with it)
         self._inline: _Inline | None = None
         self._engine: Engine | None = None
-        if runtime_id is None:
+        if not self._managed:
             self._inline = _Inline(config)
         elif "rules" in config or "policies" in config:
-            raise InterceptorConfigError("rules, policies: not with runtime (the admin API's resources are used)")
+            raise InterceptorConfigError("rules, policies: not with managed (the admin API's resources are used)")
+
+    async def aclose(self) -> None:
+        """Closes the runtime this interceptor made for itself (the plugin's shared one stays)."""
+        runtime, self._own_runtime = self._own_runtime, None
+        if runtime is not None:
+            await runtime.aclose()
 
     # -- wiring
 
     def _resolve(self) -> Runtime:
-        runtime = find_runtime(self._runtime_id)
+        shared = self.services.shared.get(RUNTIME)
+        runtime = shared if isinstance(shared, Runtime) else None
         if runtime is None:
-            if self._runtime_id is not None:
-                raise RuntimeError(f"data quality runtime {self._runtime_id} is gone")
-            runtime = Runtime(Settings(), self._inline.cluster if self._inline else "gateway", register=False)
+            if self._managed:
+                raise RuntimeError("the data quality plugin's runtime is not set up on this gateway")
+            # configured by hand on a gateway that does not host the plugin's hooks: counts and
+            # history in this interceptor's memory
+            cluster = self._inline.cluster if self._inline else "gateway"
+            runtime = self._own_runtime = Runtime(Settings(), cluster, start_soon=self.services.start_soon)
         self._runtime = runtime
         if self._inline is not None:
             runtime.use_inline()

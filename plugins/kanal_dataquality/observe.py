@@ -9,7 +9,9 @@ created.
 How: every few seconds the observer lists the cluster's topics (Metadata) and starts following each
 partition of every targeted topic from its end at the moment it is first seen (records written
 earlier are not evaluated; a restart starts again from the end). It fetches from the partition
-leaders with the gateway's own Kafka code (``kanal.net``, no client library), long-polling.
+leaders, long-polling, with a Kafka client of the gateway's own (``services.connect``, configured
+like the gateway's upstream from the cluster's ``bootstrapServers`` and ``properties``; no client
+library).
 Records are evaluated with the same plans and engines as on the gateway; schema ids go through the
 registry as for produced records.
 
@@ -25,12 +27,8 @@ from collections.abc import Iterable
 from typing import Any
 
 import trio
-from kio.schema.errors import ErrorCode
 
-from kanal.config.upstream import UpstreamSettings, parse_upstream
-from kanal.net.upstream import Bootstrap, BrokerCalls, UpstreamError
-from kanal.protocol.entities import build, has_field, nested
-from kanal.protocol.records import RecordSet
+from kanal.api import ErrorCode, GatewayServices, KafkaClient, RecordSet, UpstreamError, build, has_field, nested
 from kanal_dataquality.evaluate import evaluate, needed, schema_refs
 from kanal_dataquality.policies import Plan
 from kanal_dataquality.runtime import Runtime
@@ -55,42 +53,18 @@ def _ms(seconds: float) -> datetime.timedelta:
 class ClusterReader:
     """Reads partitions of one cluster: topic listing, end offsets, fetches from leaders."""
 
-    def __init__(self, upstream: UpstreamSettings, timeout: float = 10.0) -> None:
-        self.upstream = upstream
+    def __init__(self, client: KafkaClient, timeout: float = 10.0) -> None:
+        self.client = client
         self.timeout = timeout
-        self._brokers: dict[int, BrokerCalls] = {}
-        self.addresses: dict[int, tuple[str, int]] = {}
         self.leaders: dict[tuple[str, int], int] = {}
-        self._bootstrap = Bootstrap(upstream.bootstrap_servers)
-
-    async def _open(self, address: tuple[str, int]) -> BrokerCalls:
-        return await BrokerCalls.open(
-            address, self.upstream, self.timeout, _MAX_BYTES + 1024 * 1024, "kanal-dq-observer"
-        )
-
-    async def _broker(self, node: int | None) -> BrokerCalls:
-        if node is not None and node in self._brokers:
-            return self._brokers[node]
-        if node is not None and node in self.addresses:
-            broker = self._brokers[node] = await self._open(self.addresses[node])
-            return broker
-        return await self._bootstrap.connect(self._open)
 
     async def aclose(self) -> None:
-        brokers, self._brokers = self._brokers, {}
         with trio.CancelScope(shield=True):
-            for broker in brokers.values():
-                await broker.aclose()
+            await self.client.aclose()
 
     async def topics(self) -> dict[str, list[int]]:
         """Every topic of the cluster and its partitions (leaders and brokers learnt on the way)."""
-        boot = await self._broker(None)
-        try:
-            cls = boot.request_class(3)
-            reply = await boot.call(_build(cls, topics=None, allow_auto_topic_creation=False), self.timeout)
-        finally:
-            await boot.aclose()
-        self.addresses = {int(b.node_id): (str(b.host), int(b.port)) for b in reply.brokers}
+        reply = await self.client.metadata(None)
         out: dict[str, list[int]] = {}
         for topic in reply.topics:
             if topic.error_code != ErrorCode.none or not topic.name or getattr(topic, "is_internal", False):
@@ -108,8 +82,7 @@ class ClusterReader:
         for tp in partitions:
             by_leader.setdefault(self.leaders.get(tp, -1), []).append(tp)
         for leader, tps in by_leader.items():
-            broker = await self._broker(leader if leader >= 0 else None)
-            cls = broker.request_class(2)
+            cls = self.client.request_class(2)
             topic_cls = nested(cls, "topics")
             part_cls = nested(topic_cls, "partitions")
             topics: dict[str, list[Any]] = {}
@@ -121,7 +94,7 @@ class ClusterReader:
                 isolation_level=0,
                 topics=tuple(_build(topic_cls, name=t, partitions=tuple(ps)) for t, ps in topics.items()),
             )
-            reply = await broker.call(body, self.timeout)
+            reply = await self.client.call(body, node_id=leader if leader >= 0 else None, timeout=self.timeout)
             for topic in reply.topics:
                 for part in topic.partitions:
                     if part.error_code == ErrorCode.none:
@@ -137,8 +110,7 @@ class ClusterReader:
         for tp in positions:
             by_leader.setdefault(self.leaders.get(tp, -1), []).append(tp)
         for leader, tps in by_leader.items():
-            broker = await self._broker(leader if leader >= 0 else None)
-            cls = broker.request_class(1)
+            cls = self.client.request_class(1)
             topic_cls = nested(cls, "topics")
             part_cls = nested(topic_cls, "partitions")
             topics: dict[str, list[Any]] = {}
@@ -156,7 +128,9 @@ class ClusterReader:
                 session_epoch=-1,
                 topics=tuple(_build(topic_cls, topic=t, partitions=tuple(ps)) for t, ps in topics.items()),
             )
-            reply = await broker.call(body, self.timeout + max_wait)
+            reply = await self.client.call(
+                body, node_id=leader if leader >= 0 else None, timeout=self.timeout + max_wait
+            )
             for topic in reply.responses:
                 for part in topic.partitions:
                     tp = (str(topic.topic), int(part.partition_index))
@@ -191,10 +165,10 @@ async def _evaluate(
     runtime.record(plan, result, topic, partition, None, cluster=cluster, enforce=False)
 
 
-async def observe_cluster(runtime: Runtime, cluster: ObservedCluster) -> None:
+async def observe_cluster(runtime: Runtime, services: GatewayServices, cluster: ObservedCluster) -> None:
     """Follows the targeted topics of one cluster while policies target it."""
-    upstream = parse_upstream({}, {"bootstrap.servers": cluster.bootstrap_servers, **cluster.properties})
-    reader = ClusterReader(upstream)
+    properties = {"bootstrap.servers": cluster.bootstrap_servers, **cluster.properties}
+    reader = ClusterReader(services.connect(properties))
     positions: dict[tuple[str, int], int] = {}
     plans: dict[str, Plan | None] = {}
     engine = None
@@ -243,15 +217,17 @@ async def observe_cluster(runtime: Runtime, cluster: ObservedCluster) -> None:
                 trio.TooSlowError,
             ) as exc:
                 log.warning("data quality observer of cluster %s: %s (retrying)", cluster.name, exc)
-                await reader.aclose()
+                await reader.aclose()  # a new client: brokers and leaders are listed again first
+                reader = ClusterReader(services.connect(properties))
+                next_refresh = 0.0
                 await trio.sleep(delay)
                 delay = min(delay * 2, 10.0)
     finally:
         await reader.aclose()
 
 
-async def observe(runtime: Runtime) -> None:
+async def observe(runtime: Runtime, services: GatewayServices) -> None:
     """Observes every configured cluster without a gateway (one task each)."""
     async with trio.open_nursery() as nursery:
         for cluster in runtime.settings.clusters.values():
-            nursery.start_soon(observe_cluster, runtime, cluster)
+            nursery.start_soon(observe_cluster, runtime, services, cluster)

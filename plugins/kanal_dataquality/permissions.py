@@ -26,7 +26,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Protocol
 
-from kanal.admin.resources import ResourceError
+from kanal.api import ResourceError
 from kanal_dataquality.resources import ALERT, POLICY, RULE
 from kanal_dataquality.settings import MANAGE_DATA_QUALITY, Group
 

@@ -1,68 +1,70 @@
 """The ``data-quality`` plugin object (entry point ``data-quality = "kanal_dataquality.plugin"``).
 
-Public plugin API only:
+Public plugin API only (``kanal.api``):
 
 * ``kanal_interceptor_types``: the ``data-quality`` interceptor type;
 * ``kanal_admin_resources``: the DataQualityRule (v1), DataQualityPolicy (v1) and Alert (v3) kinds; their
-  ``apply`` compiles the stored resources and installs the interceptor in the pipeline (source
-  ``data-quality``) while a policy targets this gateway;
+  ``apply`` compiles the stored resources and installs the interceptor (``services.install``) while a
+  policy targets this gateway;
 * ``kanal_admin_routes``: rule test, metrics, history, alerts, group-permitted writes;
 * ``kanal_gateway_services``: the history publisher and follower, alert delivery, and the observer of
-  clusters without a gateway.
+  clusters without a gateway;
+* ``kanal_cli_commands``: ``kanal test-rule``.
+
+The gateway's :class:`~kanal_dataquality.runtime.Runtime` is built by the first of these hooks to run,
+from the plugin's services, and kept in ``services.shared`` (one per plugin per gateway), where the
+interceptor finds it.
 """
 
 from __future__ import annotations
 
-import logging
-import os
-import weakref
-from typing import TYPE_CHECKING
+import argparse
 
 import trio
 
-from kanal.pipeline.hookspecs import hookimpl
-from kanal.pipeline.interceptor import Interceptor, InterceptorSpec
+from kanal.api import (
+    AdminRoutes,
+    CliContext,
+    GatewayServices,
+    Interceptor,
+    InterceptorSpec,
+    ResourceKind,
+    Service,
+    hookimpl,
+)
 from kanal_dataquality.interceptor import PLUGIN_NAME, DataQualityInterceptor
 from kanal_dataquality.resources import resource_kinds
-from kanal_dataquality.runtime import Runtime
+from kanal_dataquality.runtime import RUNTIME, Runtime
 from kanal_dataquality.settings import load_settings
 
-if TYPE_CHECKING:
-    from kanal.admin.app import AdminApi
-    from kanal.admin.resources import ResourceKind
-    from kanal.gateway import Gateway, Service
+__all__ = ["runtime_of"]
 
-__all__ = ["runtime_for"]
-
-log = logging.getLogger(__name__)
-
-_BY_GATEWAY: weakref.WeakKeyDictionary[Gateway, Runtime] = weakref.WeakKeyDictionary()
-SOURCE = "data-quality"
+# The environment variables load_settings reads: its own, and the registry's shared ones.
+_SETTING_PREFIXES = ("SCHEMA_REGISTRY_", "DATA_QUALITY_")
 
 
-def runtime_for(gateway: Gateway) -> Runtime:
-    """The plugin's state for this gateway (created on first use, from the environment)."""
-    runtime = _BY_GATEWAY.get(gateway)
-    if runtime is None:
-        settings = load_settings(os.environ, gateway.settings.cluster_id)
-        runtime = Runtime(settings, gateway.settings.cluster_id, gateway.metrics.registry)
-        pipeline = gateway.pipeline
+def runtime_of(services: GatewayServices) -> Runtime:
+    """The plugin's state for this gateway: built on first use from the gateway's settings, then kept
+    in ``services.shared`` (raises ``ConfigError`` naming a bad ``DATA_QUALITY_*`` variable)."""
+    runtime = services.shared.get(RUNTIME)
+    if isinstance(runtime, Runtime):
+        return runtime
+    env = {key: value for prefix in _SETTING_PREFIXES for key, value in services.settings(prefix).items()}
+    settings = load_settings(env, services.cluster_id)
+    runtime = Runtime(settings, services.cluster_id, services.metrics, services.start_soon)
 
-        def install(wanted: bool) -> None:
-            specs = []
-            if wanted:
-                specs.append(
-                    InterceptorSpec(
-                        name=PLUGIN_NAME,
-                        plugin=PLUGIN_NAME,
-                        priority=settings.priority,
-                        config={"runtime": runtime.id},
-                    )
+    def install(wanted: bool) -> None:
+        specs = []
+        if wanted:
+            specs.append(
+                InterceptorSpec(
+                    name=PLUGIN_NAME, plugin=PLUGIN_NAME, priority=settings.priority, config={"managed": True}
                 )
-            pipeline.configure(specs, source=SOURCE)
+            )
+        services.install(specs)
 
-        runtime.installer = install
-        _BY_GATEWAY[gateway] = runtime
+    runtime.installer = install
+    services.shared[RUNTIME] = runtime
     return runtime
 
 
@@ -72,27 +74,34 @@ def kanal_interceptor_types() -> list[type[Interceptor]]:
 
 
 @hookimpl
-def kanal_admin_resources(gateway: Gateway) -> list[ResourceKind]:
-    runtime = runtime_for(gateway)
+def kanal_admin_resources(services: GatewayServices) -> list[ResourceKind]:
+    runtime = runtime_of(services)
     return resource_kinds(lambda: runtime.checks, runtime.apply)
 
 
 @hookimpl
-def kanal_admin_routes(admin: AdminApi) -> None:
+def kanal_admin_routes(admin: AdminRoutes, services: GatewayServices) -> None:
     from kanal_dataquality.routes import add_routes
 
-    add_routes(admin, runtime_for(admin.gateway))
+    add_routes(admin, runtime_of(services))
 
 
 @hookimpl
-def kanal_gateway_services(gateway: Gateway) -> list[Service]:
-    runtime = runtime_for(gateway)
+def kanal_gateway_services(services: GatewayServices) -> list[Service]:
+    runtime = runtime_of(services)
     runtime.reporter.connected = True  # the publisher below serves the reporter's queue from now on
     firings = runtime.open_firing_channel()
 
-    async def data_quality(gateway: Gateway, *, task_status: trio.TaskStatus[None]) -> None:
+    async def data_quality(*, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         from kanal_dataquality.services import run_services
 
-        await run_services(runtime, gateway, firings, task_status=task_status)
+        await run_services(runtime, services, firings, task_status=task_status)
 
     return [data_quality]
+
+
+@hookimpl
+def kanal_cli_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser], cli: CliContext) -> None:
+    from kanal_dataquality.cli import add_commands
+
+    add_commands(commands, cli)

@@ -1,7 +1,7 @@
 """The manifests of the plugin: DataQualityRule (v1), DataQualityPolicy (v1) and Alert (v3).
 
 Each ``canonical_*`` function checks a manifest and returns its canonical form (defaults filled in,
-unknown fields refused), or raises :func:`kanal.admin.resources.invalid` (a 400 whose message says
+unknown fields refused), or raises :func:`kanal.api.invalid` (a 400 whose message says
 why). :func:`resource_kinds` turns them into the admin API's resource kinds; the gateway then serves
 ``/gateway/v2/data-quality-rule``, ``/gateway/v2/data-quality-policy`` and ``/gateway/v2/alert``,
 stores them in its state topic and applies them on every node.
@@ -55,16 +55,7 @@ from typing import Any
 
 import orjson
 
-from kanal.admin.resources import (
-    Key,
-    Manifest,
-    ResourceKind,
-    StateView,
-    Status,
-    check_envelope,
-    envelope,
-    invalid,
-)
+from kanal.api import Key, Manifest, ResourceKind, StateView, Status, check_envelope, envelope, invalid
 from kanal_dataquality.rules import CEL, ENFORCE_AVRO, JSON_SCHEMA, RuleCompileError, compile_rule
 
 __all__ = [

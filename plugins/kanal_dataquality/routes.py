@@ -15,21 +15,18 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import orjson
 from quart import Response, request
 
-from kanal.admin.resources import ResourceError, invalid
+from kanal.api import AdminRoutes, ResourceError, invalid
 from kanal_dataquality.history import RANGES
 from kanal_dataquality.permissions import authorize
 from kanal_dataquality.resources import ALERT, POLICY, RULE
 from kanal_dataquality.rules import RuleCompileError
 from kanal_dataquality.runtime import Runtime
 from kanal_dataquality.testrule import ERROR, SampleError, compile_for_test, run_test
-
-if TYPE_CHECKING:
-    from kanal.admin.app import AdminApi
 
 __all__ = ["add_routes"]
 
@@ -63,7 +60,7 @@ def _range() -> tuple[str, int, int]:
     return name, seconds, bucket
 
 
-def add_routes(admin: AdminApi, runtime: Runtime) -> None:
+def add_routes(admin: AdminRoutes, runtime: Runtime) -> None:
     store = admin.store
 
     def policy_names() -> list[str]:

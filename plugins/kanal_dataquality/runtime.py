@@ -1,27 +1,25 @@
 """The data-quality state of one gateway: compiled rules and policies, metrics, history, alerts.
 
-One :class:`Runtime` per gateway. The admin resource kinds apply their stored manifests to it (on
-every node, whenever one changes); it compiles them into an :class:`~kanal_dataquality.policies.Engine`
-and swaps it in (the interceptor reads ``runtime.engine`` on every batch, so a change takes effect at
-once, without rebuilding the chain). The interceptor is installed in the pipeline (under the source
-``data-quality``) only while some policy is enforced on this gateway: with none, Produce requests are
-not even decoded for it.
+One :class:`Runtime` per gateway, built by the plugin's hooks and kept in ``services.shared`` under
+:data:`RUNTIME` (where the interceptor finds it). The admin resource kinds apply their stored manifests
+to it (on every node, whenever one changes); it compiles them into an
+:class:`~kanal_dataquality.policies.Engine` and swaps it in (the interceptor reads ``runtime.engine`` on
+every batch, so a change takes effect at once, without rebuilding the chain). The interceptor is
+installed (``services.install``) only while some policy is enforced on this gateway: with none,
+Produce requests are not even decoded for it.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-import uuid
-import weakref
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import orjson
 import trio
 
-from kanal.admin.resources import READY, Key, Manifest, StateView, Status
-from kanal.parallel import HelperProcess
+from kanal.api import READY, HelperProcess, Key, Manifest, StateView, Status
 from kanal_dataquality.actions import block_message, details, mark, violation_text
 from kanal_dataquality.alerts import Alerts, Firing, audit_alert
 from kanal_dataquality.avro import SchemaRegistry
@@ -34,19 +32,12 @@ from kanal_dataquality.resources import ALERT, POLICY, RULE, Checks
 from kanal_dataquality.rules import ENFORCE_AVRO, CompiledRule, RuleCompileError, compile_rule, enforce_avro
 from kanal_dataquality.settings import Settings
 
-__all__ = ["Runtime", "compile_manifests", "find_runtime"]
+__all__ = ["RUNTIME", "Runtime", "compile_manifests"]
 
 log = logging.getLogger(__name__)
 
-_RUNTIMES: weakref.WeakValueDictionary[str, Runtime] = weakref.WeakValueDictionary()
-
-
-def find_runtime(runtime_id: str | None) -> Runtime | None:
-    """A runtime by id; without an id, the only runtime of this process (if there is exactly one)."""
-    if runtime_id is not None:
-        return _RUNTIMES.get(runtime_id)
-    runtimes = list(_RUNTIMES.values())
-    return runtimes[0] if len(runtimes) == 1 else None
+#: The key of the gateway's runtime in the plugin's ``services.shared``.
+RUNTIME = "runtime"
 
 
 def compile_manifests(
@@ -86,10 +77,8 @@ class Runtime:
         settings: Settings,
         gateway_cluster: str = "gateway",
         metrics_registry: Any = None,
-        *,
-        register: bool = True,
+        start_soon: Callable[..., None] | None = None,
     ) -> None:
-        self.id = uuid.uuid4().hex
         self.settings = settings
         self.gateway_cluster = gateway_cluster
         self.checks = Checks(gateway_cluster, frozenset(settings.clusters), settings.registry_url is not None)
@@ -108,7 +97,8 @@ class Runtime:
                 negative_ttl=settings.registry_negative_ttl,
             )
         self.engine: Engine = EMPTY
-        self.helper: HelperProcess | None = new_helper() if settings.helper_process else None  # starts when used
+        # starts when first used, as a task of the gateway (start_soon)
+        self.helper: HelperProcess | None = new_helper(start_soon) if settings.helper_process else None
         self.alerts = Alerts(self.metrics, self.node, gateway_cluster, self._fired)
         self.history.listeners.append(self.alerts.on_violation)
         self.firings: trio.MemoryReceiveChannel[Firing] | None = None
@@ -121,8 +111,15 @@ class Runtime:
         self.observed: dict[str, dict[str, int]] = {}  # cluster -> "topic-partition" -> next offset (observer)
         self.engine_changed = trio.Event()  # set (and replaced) whenever the engine changes
         self.inline_policies = False  # an interceptor configured by hand (config file) reports here
-        if register:
-            _RUNTIMES[self.id] = self
+
+    async def aclose(self) -> None:
+        """Stops the helper process (the gateway then does all the work, should a batch still come) and
+        closes the registry client's connections."""
+        helper, self.helper = self.helper, None
+        if helper is not None:
+            await trio.to_thread.run_sync(helper.close)
+        if self.registry is not None:
+            await self.registry.aclose()  # its kept-alive connections
 
     # -- configuration -----------------------------------------------------------------------------
 

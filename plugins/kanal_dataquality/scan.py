@@ -2,19 +2,20 @@
 
 For the common case (payloads without schema ids, batches no earlier interceptor changed), the loop
 reads the batch's records area itself (``RecordBatch.to_bytes()``, decompressed with the gateway's own
-codecs when needed) and creates no ``Record`` objects. When the rules read only the value, the values
-come from the core's compiled record walk in one call (``kanal.protocol.records.record_values``: walking
-records in Python costs as much as decoding their values); when a CEL rule mentions the key or
-headers, the loop walks the records itself, slicing out only the parts the rules read. It runs each
-rule's fastest check, and the public ``evaluate`` only for a record some check did not pass, to get
-the outcome. Records are decoded by the gateway's codec (``batch.records()``) only for batches that
+codecs when needed) and creates no ``Record`` objects. The records are walked by the core's compiled
+record walk, in one call per batch (walking records in Python costs as much as decoding their
+values): when the rules read only the value, the values come decoded (``kanal.api.record_values``);
+when a CEL rule mentions the key or headers, the loop gets where each record's parts are
+(``kanal.api.record_spans``) and slices out only the parts the rules read. It runs each rule's
+fastest check, and the public ``evaluate`` only for a record some check did not pass, to get the
+outcome. Records are decoded by the gateway's codec (``batch.records()``) only for batches that
 need marking, so a batch whose records all pass is forwarded as its original bytes.
 
 What the generated loop does per record (``rules`` = the plan's rules in order)::
 
-    <walked here, unless record_values did: length, attributes, timestamp and offset deltas skipped, key>
+    key = <the key's bytes, decoded>            # when a rule reads it, from the record's span
     value = orjson.loads(value bytes)           # text or bytes when not JSON; None for a null value
-    <walked here: the header section, skipped or only the headers the rules name decoded>
+    headers = <the header section>              # when a rule reads headers: only the names it reads
     try:
         if <rule 0's CEL expression> is True and <rule 1's schema check>: continue   # every rule passed
     except Exception: pass                       # a CEL error or a value the fast path does not model
@@ -29,9 +30,9 @@ so that a passing record costs no call; a rule whose check cannot be pasted is c
 function, jsonschema-rs ``is_valid``). A record no check clearly passes goes through ``evaluate``, so
 the outcomes are the engines' own.
 
-Both walks read what the gateway's codec reads, or give up: a record whose length prefix disagrees with
-its fields, records that do not fill the batch, or a header section the loop walks that does not fill
-its record raise ``ValueError`` (or ``IndexError``), and the caller hands the batch to the codec.
+The walk reads what the gateway's codec reads, or gives up: a record whose length prefix disagrees with
+its fields, records that do not fill the batch, or a header section the loop reads that does not fill
+its record raise ``ValueError``, and the caller hands the batch to the codec.
 """
 
 from __future__ import annotations
@@ -41,15 +42,14 @@ from typing import Any
 
 import orjson
 
-from kanal.protocol.records import read_zigzag, record_values, zigzag_bytes
-from kanal.protocol.records.values import python_record_values
+from kanal.api import encode_varint, record_headers, record_spans, record_values
 from kanal_dataquality.cel import PASSED, Outcome
 from kanal_dataquality.evaluate import NO_SCHEMA_ID, decode_key, text_or_bytes
 from kanal_dataquality.inline import inline
 from kanal_dataquality.policies import Plan
 from kanal_dataquality.rules import CEL_MODE, SCHEMA_MODE, CompiledRule
 
-__all__ = ["Checker", "Failed", "Scanner", "compile_checker", "compile_scanner", "skip_records"]
+__all__ = ["Checker", "Failed", "Scanner", "compile_checker", "compile_scanner"]
 
 Failed = Callable[[int, tuple[Outcome, ...]], bool]
 #: ``scan(b, p, first, stop, failed, end)``: records ``first`` to ``stop`` (indexes in the batch) start at
@@ -62,222 +62,69 @@ Checker = Callable[[bytes, int, int, int], list[int]]
 _EMPTY: dict[str, str] = {}
 
 
-_zz = read_zigzag
+def _headers(b: bytes, p: int, end: int) -> dict[str, str]:
+    """The header section ``b[p:end]`` as CEL's map of name to text (the last value wins)."""
+    return {
+        name.decode("utf-8", "surrogateescape"): "" if value is None else value.decode("utf-8", "replace")
+        for name, value in record_headers(b, p, end)
+    }
 
 
-def skip_records(b: bytes, p: int, count: int) -> int:
-    """The position after ``count`` records from ``b[p]``, by their length prefixes only (the scanner
-    that then walks them checks that their fields fill those lengths)."""
-    for _ in range(count):
-        x = b[p]  # the length, zigzag-encoded: odd when negative
-        if x < 0x80:
-            p += 1
-        else:
-            y = b[p + 1]
-            if y < 0x80:
-                x = (x & 0x7F) | (y << 7)
-                p += 2
-            else:
-                x, p = _zz(b, p)
-                x = -1 if x < 0 else x << 1
-        if x & 1 or not x:
-            raise ValueError("record length not positive")
-        p += x >> 1
-    return p
-
-
-def _skip_varints(b: bytes, p: int, count: int) -> int:
-    """The position after ``count`` varints from ``b[p]``."""
-    for _ in range(count):
-        while b[p] & 0x80:
-            p += 1
-        p += 1
-    return p
-
-
-def _headers(b: bytes, p: int, rend: int) -> dict[str, str]:
-    """The header section ``b[p:rend]`` as CEL's map of name to text (the last value wins)."""
-    count, p = _zz(b, p)
-    if count < 0:
-        raise ValueError("negative header count")
-    out: dict[str, str] = {}
-    for _ in range(count):
-        n, p = _zz(b, p)
-        if n < 0:
-            raise ValueError("negative header key length")
-        name = b[p : p + n].decode("utf-8", "surrogateescape")
-        p += n
-        n, p = _zz(b, p)
-        if n < 0:
-            out[name] = ""
-        else:
-            out[name] = b[p : p + n].decode("utf-8", "replace")
-            p += n
-    if p != rend:
-        raise ValueError("record headers do not fill the record")
-    return out
-
-
-def _named_headers(b: bytes, p: int, rend: int, wanted: dict[bytes, str], lengths: frozenset[int]) -> dict[str, str]:
+def _named_headers(b: bytes, p: int, end: int, wanted: dict[bytes, str]) -> dict[str, str]:
     """Like :func:`_headers`, with only the ``wanted`` names decoded (the rules read no other)."""
-    count, p = _zz(b, p)
-    if count < 0:
-        raise ValueError("negative header count")
     out: dict[str, str] = {}
-    for _ in range(count):
-        x = b[p]
-        if x < 0x80:
-            n = (x >> 1) ^ -(x & 1)
-            p += 1
-        else:
-            n, p = _zz(b, p)
-        if n < 0:
-            raise ValueError("negative header key length")
-        name = wanted.get(b[p : p + n]) if n in lengths else None
-        p += n
-        x = b[p]
-        if x < 0x80:
-            n = (x >> 1) ^ -(x & 1)
-            p += 1
-        else:
-            n, p = _zz(b, p)
-        if n < 0:
-            if name is not None:
-                out[name] = ""
-        else:
-            if name is not None:
-                out[name] = b[p : p + n].decode("utf-8", "replace")
-            p += n
-    if p != rend:
-        raise ValueError("record headers do not fill the record")
+    for raw, value in record_headers(b, p, end):
+        name = wanted.get(raw)
+        if name is not None:
+            out[name] = "" if value is None else value.decode("utf-8", "replace")
     return out
 
 
-def _one_header(b: bytes, p: int, rend: int, raw: bytes, name: str) -> dict[str, str]:
+def _one_header(b: bytes, p: int, end: int, raw: bytes, name: str) -> dict[str, str]:
     """:func:`_named_headers` for one name."""
-    return _named_headers(b, p, rend, {raw: name}, frozenset((len(raw),)))
+    return _named_headers(b, p, end, {raw: name})
 
 
-# The record walk, inlined. Record length (-> rend), attributes (1 byte), timestamp delta and offset delta
-# (varints, skipped: the common 1-byte timestamp delta and 1- or 2-byte offset delta first), then the key:
-# a null key is the single byte 1.
-_WALK = """\
-        x = b[p]
-        if x < 0x80:
-            rend = p + 1 + ((x >> 1) ^ -(x & 1))
-            p += 2
-        else:
-            y = b[p + 1]
-            if y < 0x80:
-                n = (x & 0x7F) | (y << 7)
-                rend = p + 2 + ((n >> 1) ^ -(n & 1))
-                p += 3
-            else:
-                n, p = zz(b, p)
-                rend = p + n
-                p += 1
-        if b[p] < 0x80:
-            if b[p + 1] < 0x80:
-                p += 2
-            elif b[p + 2] < 0x80:
-                p += 3
-            else:
-                p = skip(b, p, 2)
-        else:
-            p = skip(b, p, 2)
-"""
-
-_KEY_SKIPPED = """\
-        if b[p] == 1:
-            p += 1
-        else:
-            n, p = zz(b, p)
-            if n > 0:
-                p += n
-"""
+# The loop of rules reading the key or headers: each record's span from the record walk (see
+# ``kanal.api.RecordSpan``): where it ends, its key (``ks``: -1 when null), value (``vs``: -1 when null)
+# and header section (from ``ve``, ``hc`` headers). The walk checked that they fill the record.
+_SPANS = """\
+    for index, (_, _, rend, _, _, _, ks, ke, vs, ve, hc) in enumerate(spans(b, p, {count}, end), {first}):"""
 
 _KEY_READ = """\
-        if b[p] == 1:
-            p += 1
-            key = None
-        else:
-            n, p = zz(b, p)
-            if n < 0:
-                key = None
-            else:
-                key = decode_key(b[p : p + n])
-                p += n
+        key = decode_key(b[ks:ke]) if ks >= 0 else None
 """
 
-# The value length: 1 byte up to 63 bytes (and null, -1), 2 bytes up to 8191.
-_VALUE_LENGTH = """\
-        x = b[p]
-        if x < 0x80:
-            n = (x >> 1) ^ -(x & 1)
-            p += 1
+_VALUE_READ = """\
+        if vs < 0:
+            value = None
         else:
-            y = b[p + 1]
-            if y < 0x80:
-                n = (x & 0x7F) | (y << 7)
-                n = (n >> 1) ^ -(n & 1)
-                p += 2
-            else:
-                n, p = zz(b, p)
+            try:
+                value = loads(b[vs:ve])
+            except JSONDecodeError:
+                value = text_or_bytes(b[vs:ve])
 """
 
 # The loop of rules reading the value only: the values decoded by the record walk in one call.
 _VALUES = """\
     for index, value in enumerate(values(b, p, {count}, end, loads, JSONDecodeError, text_or_bytes), {first}):"""
 
-_VALUE_READ = """\
-        if n < 0:
-            value = None
-        else:
-            q = p + n
-            try:
-                value = loads(b[p:q])
-            except JSONDecodeError:
-                value = text_or_bytes(b[p:q])
-            p = q
-"""
-
-_VALUE_SKIPPED = """\
-        value = None
-        if n > 0:
-            p += n
-"""
-
-# The header section when no rule reads headers: checked against the record length, as the codec does.
-_HEADERS_SKIPPED = """\
-        if b[p] == 0:
-            if p + 1 != rend:
-                raise ValueError("record length mismatch")
-        elif rend > end or rend <= p:
-            raise ValueError("record length mismatch")
-        p = rend
-"""
-
-# The header section when a rule reads headers: checked the same way, then read by ``{read}``.
+# The header section when a rule reads headers, read by ``{read}`` (it starts at ``ve``).
 _HEADERS_READ = """\
-        if b[p] == 0:
-            if p + 1 != rend:
-                raise ValueError("record length mismatch")
+        if hc == 0:
             headers = EMPTY
-        elif rend > end or rend <= p:
-            raise ValueError("record length mismatch")
         else:
 {read}
-        p = rend
 """
 
 # One header name: ``W`` is how it is written (its length varint, then its bytes); the first header's
 # name, when it is that one, ends at index ``WL`` of the section, its value starts at ``WV``. Those bytes
 # absent from the section: no such header. Present once, as the first header (after a positive one-byte
 # count) with a value of at most 63 bytes of valid UTF-8: that header, and no later one of that name.
-# Anything else: the walk. The headers not read are not parsed (nor does the codec parse a record's
-# headers before they are read).
+# Anything else: the headers are read. The headers not read are not parsed (nor does the codec parse
+# a record's headers before they are read).
 _HEADERS_ONE = """\
-            hs = b[p:rend]
+            hs = b[ve:rend]
             k = hs.count(W)
             if k == 0:
                 headers = EMPTY
@@ -294,7 +141,7 @@ _HEADERS_ONE = """\
                             except UnicodeDecodeError:
                                 pass
                 if headers is None:
-                    headers = one_header_at(b, p, rend, RAW_ONE, NAME_ONE)"""
+                    headers = one_header_at(b, ve, rend, RAW_ONE, NAME_ONE)"""
 
 
 def compile_scanner(plan: Plan) -> Scanner:
@@ -336,14 +183,11 @@ def _build(plan: Plan, paste: bool, checker: bool) -> Any:
         "PASSED": PASSED,
         "NO_ID": Outcome(False, NO_SCHEMA_ID),
     }
-    # The walk pasted here is quicker than record_values' pure-Python reference (an install without
-    # the compiled one).
-    walked = plan.uses_key or plan.uses_headers or not plan.uses_value or record_values is python_record_values
-    if walked:
-        lines.append("    for index in range(count):" if checker else "    for index in range(first, stop):")
-        lines += _walk(plan, namespace)
+    count, first = ("count", "0") if checker else ("stop - first", "first")
+    if plan.uses_key or plan.uses_headers or not plan.uses_value:
+        lines.append(_SPANS.replace("{count}", count).replace("{first}", first))
+        lines += _parts(plan, namespace)
     else:
-        count, first = ("count", "0") if checker else ("stop - first", "first")
         lines.append(_VALUES.replace("{count}", count).replace("{first}", first))
     fast_terms = []
     exact = []
@@ -377,40 +221,34 @@ def _build(plan: Plan, paste: bool, checker: bool) -> Any:
             f"        if failed(index, ({', '.join(names)},)):",
             "            return True",
         ]
-    if walked:
-        lines += ["    if p != end:", "        raise ValueError('the records do not fill the batch')"]
     lines.append("    return out" if checker else "    return False")
     source = "\n".join(line.rstrip("\n") for line in lines)
     exec(compile(source, f"<data-quality {name}, {len(plan.rules)} rules>", "exec"), namespace)
     return namespace[name]
 
 
-def _walk(plan: Plan, namespace: dict[str, Any]) -> list[str]:
-    """The record walk pasted into a loop whose rules read the key or headers (or nothing), and the
+def _parts(plan: Plan, namespace: dict[str, Any]) -> list[str]:
+    """The reading of the parts of a record the rules read (key, value, headers) from its span, and the
     names it uses."""
-    lines = [_WALK, _KEY_READ if plan.uses_key else _KEY_SKIPPED, _VALUE_LENGTH]
-    lines.append(_VALUE_READ if plan.uses_value else _VALUE_SKIPPED)
+    lines = [_KEY_READ] if plan.uses_key else []
+    lines.append(_VALUE_READ if plan.uses_value else "        value = None\n")
     wanted = {name.encode("utf-8", "surrogateescape"): name for name in plan.header_names or ()}
-    one = next((zigzag_bytes(len(raw)) + raw for raw in wanted), b"")
-    if not plan.uses_headers:
-        lines.append(_HEADERS_SKIPPED)
-    else:
+    one = next((encode_varint(len(raw)) + raw for raw in wanted), b"")
+    if plan.uses_headers:
         if plan.header_names is None:
-            read = "            headers = headers_at(b, p, rend)"
+            read = "            headers = headers_at(b, ve, rend)"
         elif len(wanted) == 1:
             read = _HEADERS_ONE
         else:
-            read = "            headers = named_headers_at(b, p, rend, WANTED, LENGTHS)"
+            read = "            headers = named_headers_at(b, ve, rend, WANTED)"
         lines.append(_HEADERS_READ.replace("{read}", read))
     namespace.update(
-        zz=_zz,
-        skip=_skip_varints,
+        spans=record_spans,
         decode_key=decode_key,
         headers_at=_headers,
         named_headers_at=_named_headers,
         one_header_at=_one_header,
         WANTED=wanted,
-        LENGTHS=frozenset(len(raw) for raw in wanted),
         W=one,
         WL=len(one) + 1,
         WV=len(one) + 2,

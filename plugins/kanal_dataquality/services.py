@@ -7,24 +7,22 @@
 * the observer: consumes the target topics of policies on clusters without a gateway.
 
 They start with the first DataQualityPolicy this node applies (from the admin API or the state topic
-at startup); before that the plugin does not touch the cluster.
+at startup); before that the plugin does not touch the cluster. At shutdown they stop, and the helper
+process of the gateway's runtime with them.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from typing import TYPE_CHECKING
 
 import trio
 
+from kanal.api import GatewayServices
 from kanal_dataquality.alerts import Firing, deliver
-from kanal_dataquality.history import HistoryLog, follow, publish
+from kanal_dataquality.history import follow, publish
 from kanal_dataquality.resources import POLICY
 from kanal_dataquality.runtime import Runtime
-
-if TYPE_CHECKING:
-    from kanal.gateway import Gateway
 
 __all__ = ["history_topic", "run_services"]
 
@@ -49,25 +47,29 @@ async def _alerts(runtime: Runtime, firings: trio.MemoryReceiveChannel[Firing]) 
 
 async def run_services(
     runtime: Runtime,
-    gateway: Gateway,
+    services: GatewayServices,
     firings: trio.MemoryReceiveChannel[Firing],
     *,
     task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     task_status.started()
-    # Nothing touches the cluster until the first policy exists: a gateway that does not use data
-    # quality gets no history topic and no follower.
-    while not (runtime.manifests[POLICY] or runtime.inline_policies):
-        await runtime.engine_changed.wait()
-    settings = gateway.settings
+    try:
+        # Nothing touches the cluster until the first policy exists: a gateway that does not use data
+        # quality gets no history topic and no follower.
+        while not (runtime.manifests[POLICY] or runtime.inline_policies):
+            await runtime.engine_changed.wait()
+        await _run(runtime, services, firings)
+    finally:
+        with trio.CancelScope(shield=True):
+            await runtime.aclose()
+
+
+async def _run(runtime: Runtime, services: GatewayServices, firings: trio.MemoryReceiveChannel[Firing]) -> None:
     topic = history_topic(runtime)
-    timeout = settings.upstream_connect_timeout_ms / 1000
-    reader = HistoryLog(
-        topic, settings.upstream, timeout, settings.state_replication_factor, runtime.settings.history_retention
-    )
-    writer = HistoryLog(
-        topic, settings.upstream, timeout, settings.state_replication_factor, runtime.settings.history_retention
-    )
+    retention_ms = int(runtime.settings.history_retention * 1000)
+    # two logs: the follower's long-polling reads never delay the publisher's writes
+    reader = services.state_log(topic, compacted=False, retention_ms=retention_ms)
+    writer = services.state_log(topic, compacted=False, retention_ms=retention_ms)
     try:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(follow, runtime.history, reader)
@@ -76,7 +78,7 @@ async def run_services(
             if runtime.settings.clusters and runtime.settings.observer:
                 from kanal_dataquality.observe import observe
 
-                nursery.start_soon(observe, runtime)
+                nursery.start_soon(observe, runtime, services)
     finally:
         with trio.CancelScope(shield=True):
             await reader.aclose()

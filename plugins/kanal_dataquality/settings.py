@@ -14,7 +14,7 @@ from urllib.parse import urlsplit
 
 import yaml
 
-from kanal.config.errors import ConfigError
+from kanal.api import ConfigError
 
 # (variable, default shown in the docs, meaning)
 VARIABLES: tuple[tuple[str, str, str], ...] = (

@@ -1,6 +1,7 @@
 """The access log of ``kanal registry-proxy``: one line per request, written without the logging module.
 
-Same lines as the logging setup of :mod:`kanal.logs` would write for the logger
+:class:`AccessLog` writes the same lines as the gateway's logging setup (``CliContext.configure_logging``)
+would write for the logger
 ``kanal_registry_proxy.access`` (JSON: ``time``, ``level``, ``logger``, ``message`` and the fields;
 text: ``<asctime> INFO    kanal_registry_proxy.access: <message>``), at a fraction of the cost:
 building a LogRecord and formatting it through logging costs about 0.1 ms per request, a fifth of the

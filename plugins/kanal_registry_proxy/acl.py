@@ -22,13 +22,10 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
 
 import trio
-from kio.schema.errors import ErrorCode
 
-from kanal.protocol.api import require_request_class
-from kanal.protocol.entities import build
+from kanal.api import ApiKey, ErrorCode, KafkaClient, build
 from kanal_registry_proxy.metrics import ProxyMetrics
 
 log = logging.getLogger(__name__)
@@ -49,14 +46,6 @@ PERMISSION_ALLOW = 3
 
 class AclLookupError(Exception):
     """The cluster could not say which ACLs apply (the request is denied)."""
-
-
-class KafkaCaller(Protocol):
-    """What the lookup needs of a Kafka connection (``kanal.net.upstream.ControlClient`` fits)."""
-
-    versions: dict[int, tuple[int, int]]
-
-    async def call(self, body: Any) -> Any: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,17 +99,21 @@ class _Flight:
 
 
 class AclLookup:
-    """Bindings per topic, from DescribeAcls, cached and single-flight."""
+    """Bindings per topic, from DescribeAcls, cached and single-flight.
+
+    ``kafka`` is the gateway's own client when the gateway hosts the proxy, the command line's alone.
+    """
 
     def __init__(
         self,
-        caller: KafkaCaller,
+        kafka: KafkaClient,
         cache_ttl: float = 0.5,
         timeout: float = 5.0,
         metrics: ProxyMetrics | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self.caller = caller
+        self.kafka = kafka
+        self._versions_known = False
         self.cache_ttl = cache_ttl
         self.timeout = timeout
         self.metrics = metrics
@@ -166,18 +159,19 @@ class AclLookup:
         self.requests_sent += 1
         try:
             with trio.fail_after(self.timeout):
-                if not self.caller.versions:  # connect first, so the version is the broker's
-                    await self.caller.call(
+                if not self._versions_known:
+                    # one call first, so that the request class below is at a version the broker speaks
+                    await self.kafka.call(
                         build(
-                            require_request_class(18, 3), client_software_name="kanal-srp", client_software_version="1"
-                        )
+                            self.kafka.request_class(ApiKey.API_VERSIONS),
+                            client_software_name="kanal-srp",
+                            client_software_version="1",
+                        ),
+                        timeout=self.timeout,
                     )
-                low, high = self.caller.versions.get(29, (0, 3))
-                version = min(high, 3)
-                if version < max(low, 1):
-                    raise AclLookupError("the cluster does not support DescribeAcls v1-v3")
+                    self._versions_known = True
                 request = build(
-                    require_request_class(29, version),
+                    self.kafka.request_class(ApiKey.DESCRIBE_ACLS),  # v1-v3 (v0 knows no pattern types)
                     resource_type_filter=RESOURCE_TOPIC,
                     resource_name_filter=topic,
                     pattern_type_filter=PATTERN_MATCH,
@@ -186,7 +180,7 @@ class AclLookup:
                     operation=OP_ANY,
                     permission_type=PERMISSION_ANY,
                 )
-                response = await self.caller.call(request)
+                response = await self.kafka.call(request, timeout=self.timeout)
         except trio.TooSlowError:
             self._outcome("timeout")
             raise AclLookupError(f"ACL lookup of topic {topic!r} timed out after {self.timeout:g} s") from None

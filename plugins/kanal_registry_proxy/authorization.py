@@ -65,15 +65,8 @@ class TopicAclMode:
         return decide(bindings, principal, topic, OP_READ if permission == READ else OP_WRITE)
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        # nothing to run: the Kafka client belongs to whoever gave it (see ProxyService.serve)
         task_status.started()
-        caller = self.lookup.caller
-        try:
-            await trio.sleep_forever()
-        finally:
-            close = getattr(caller, "aclose", None)
-            if close is not None:
-                with trio.CancelScope(shield=True):
-                    await close()
 
 
 class ReactiveMode:

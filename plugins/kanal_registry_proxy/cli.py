@@ -1,9 +1,11 @@
 """Commands: ``kanal registry-proxy`` (serve; ``hash-password``; ``permissions apply|delete``) and
-``kanal license keygen|issue|verify``."""
+``kanal license keygen|issue|verify``, added through the ``kanal_cli_commands`` hook; the cluster is
+reached through the command line's :class:`~kanal.api.CliContext`."""
 
 from __future__ import annotations
 
 import argparse
+import functools
 import gc
 import getpass
 import logging
@@ -16,18 +18,18 @@ from typing import Any
 
 import trio
 
-from kanal.config.errors import ConfigError
+from kanal.api import CliContext, ConfigError
 
 log = logging.getLogger(__name__)
 
 
-def add_commands(commands: Any) -> None:
+def add_commands(commands: Any, cli: CliContext) -> None:
     proxy = commands.add_parser(
         "registry-proxy",
         help="run the schema registry proxy (configured by SRP_*, AUTH_*, SCHEMA_REGISTRY_* variables)",
         description="Runs the schema registry proxy until SIGINT/SIGTERM. See docs/registry-proxy.md.",
     )
-    proxy.set_defaults(func=_serve)
+    proxy.set_defaults(func=functools.partial(_serve, cli=cli))
     actions = proxy.add_subparsers(dest="proxy_command")
     hashing = actions.add_parser("hash-password", help="print a bcrypt hash for the basic credentials file")
     hashing.add_argument("--rounds", type=int, default=12, help="bcrypt cost (default 12)")
@@ -37,10 +39,10 @@ def add_commands(commands: Any) -> None:
     which = permissions.add_subparsers(dest="permissions_command", required=True)
     apply = which.add_parser("apply", help="publish ApplicationInstance documents (YAML or JSON) to the commands topic")
     apply.add_argument("-f", "--file", required=True, help="file with one or more ApplicationInstance documents")
-    apply.set_defaults(func=_permissions_apply)
+    apply.set_defaults(func=functools.partial(_permissions_apply, cli=cli))
     delete = which.add_parser("delete", help="remove an application instance's permissions")
     delete.add_argument("name")
-    delete.set_defaults(func=_permissions_delete)
+    delete.set_defaults(func=functools.partial(_permissions_delete, cli=cli))
 
     license_cmd = commands.add_parser("license", help="license keys and tokens")
     license_actions = license_cmd.add_subparsers(dest="license_command", required=True)
@@ -64,14 +66,13 @@ def add_commands(commands: Any) -> None:
 # -- serving ---------------------------------------------------------------------------------------
 
 
-def _serve(args: argparse.Namespace) -> int:
-    from kanal.logs import configure_logging
+def _serve(args: argparse.Namespace, cli: CliContext) -> int:
     from kanal_registry_proxy import tracing
-    from kanal_registry_proxy.service import ProxyService
+    from kanal_registry_proxy.service import standalone
     from kanal_registry_proxy.settings import load_settings
 
     env = os.environ
-    configure_logging(
+    cli.configure_logging(
         (env.get("SRP_LOG_FORMAT") or "json").strip().lower(), (env.get("SRP_LOG_LEVEL") or "info").strip()
     )
     try:
@@ -81,7 +82,7 @@ def _serve(args: argparse.Namespace) -> int:
             from kanal_registry_proxy.accesslog import AccessLog
 
             writer = AccessLog(fmt=settings.log_format)
-        service = ProxyService(settings, access_writer=writer)
+        service = standalone(settings, cli, access_writer=writer)
     except ConfigError as exc:
         log.error("the schema registry proxy cannot start: %s", exc, extra={"event": "startup_refused", "key": exc.key})
         print(f"kanal registry-proxy: cannot start: {exc}", file=sys.stderr)
@@ -142,19 +143,7 @@ def _hash_password(args: argparse.Namespace) -> int:
     return 0
 
 
-def _permissions_log() -> tuple[Any, str]:
-    from kanal.admin.kafka_log import CompactedLog
-    from kanal.config.upstream import parse_upstream
-    from kanal_registry_proxy.settings import COMMANDS_TOPIC
-
-    env = os.environ
-    if not env.get("KAFKA_BOOTSTRAP_SERVERS"):
-        raise ConfigError("KAFKA_BOOTSTRAP_SERVERS", "required: the cluster holding the commands topic")
-    topic = env.get("SRP_COMMANDS_TOPIC") or COMMANDS_TOPIC
-    return CompactedLog(topic, parse_upstream(env, {}), 10.0), topic
-
-
-def _permissions_apply(args: argparse.Namespace) -> int:
+def _permissions_apply(args: argparse.Namespace, cli: CliContext) -> int:
     import orjson
     import yaml
 
@@ -175,19 +164,22 @@ def _permissions_apply(args: argparse.Namespace) -> int:
             print(f"kanal: {args.file}: {exc}", file=sys.stderr)
             return 2
         records.append((key, value))
-    return _publish(records)
+    return _publish(cli, records)
 
 
-def _permissions_delete(args: argparse.Namespace) -> int:
+def _permissions_delete(args: argparse.Namespace, cli: CliContext) -> int:
     from kanal_registry_proxy.reactive import KEY_PREFIX
 
-    return _publish([(f"{KEY_PREFIX}{args.name}".encode(), None)])
+    return _publish(cli, [(f"{KEY_PREFIX}{args.name}".encode(), None)])
 
 
-def _publish(records: Sequence[tuple[bytes, bytes | None]]) -> int:
+def _publish(cli: CliContext, records: Sequence[tuple[bytes, bytes | None]]) -> int:
     """Appends permission commands (a None value deletes) to the commands topic, creating it."""
+    from kanal_registry_proxy.settings import COMMANDS_TOPIC
+
+    topic = os.environ.get("SRP_COMMANDS_TOPIC") or COMMANDS_TOPIC
     try:
-        commands, topic = _permissions_log()
+        commands = cli.state_log(topic)  # the cluster of KAFKA_BOOTSTRAP_SERVERS (and KAFKA_*)
     except ConfigError as exc:
         print(f"kanal: {exc}", file=sys.stderr)
         return 2

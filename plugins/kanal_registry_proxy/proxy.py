@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 import orjson
+from kanal_schemas import RegistryError, SchemaRegistryClient, Send, UnreadableAnswer
 from opentelemetry import trace
 
 from kanal_registry_proxy import routes, tracing
@@ -133,7 +134,11 @@ class RegistryProxy:
         self.access_writer = access_writer
         self.clock = clock
         self.tracer = tracing.tracer()
-        self._subjects: dict[str, tuple[list[str], float]] = {}
+        # who holds an id or a GUID: the shared registry client, over the proxy's upstream client (its
+        # calls go through _call, traced and measured); non-empty lists are kept subject_cache_ttl
+        self.schemas = SchemaRegistryClient(
+            transports=[client], subjects_ttl=subject_cache_ttl, subjects_cache_size=100_000, clock=clock
+        )
 
     # -- entry point ---------------------------------------------------------------------------
 
@@ -217,10 +222,10 @@ class RegistryProxy:
                 permission: Permission = WRITE if check == "write" else READ
                 await self._require(principal, permission, params["subject"], route, span)
             elif check == "id":
-                if not params["id"].isdigit():
+                if not (params["id"].isascii() and params["id"].isdigit()):
                     return not_found()
                 denied = await self._require_schema(
-                    principal, [params["id"]], f"Schema: {params['id']}", route, span, state
+                    principal, [int(params["id"])], f"Schema: {params['id']}", route, span, state
                 )
                 if denied is not None:
                     return denied
@@ -265,39 +270,48 @@ class RegistryProxy:
             },
         )
 
+    def _send(self, state: dict[str, Any]) -> Send:
+        """The registry client's calls, made as the proxy's own upstream calls (traced, measured)."""
+
+        async def send(method: str, target: bytes, route: str) -> UpstreamResponse:
+            return await self._call(method, target, route, state)
+
+        return send
+
+    @staticmethod
+    def _failure(exc: RegistryError) -> ProxyResponse:
+        """The upstream's own answer to a lookup that failed; a call that got none fails the request as
+        any upstream call does (502/504)."""
+        if exc.response is not None:
+            return _from_upstream(exc.response)
+        if isinstance(exc.__cause__, UpstreamError):
+            raise exc.__cause__
+        raise exc
+
     async def _subjects_of(
-        self, key: str, target: bytes, state: dict[str, Any], refresh: bool
+        self, schema_id: int, context: str | None, state: dict[str, Any], refresh: bool
     ) -> list[str] | ProxyResponse:
-        """Subjects that hold a schema id (``key`` ``id:N``), from the cache or upstream; sets
-        ``state["cached"]`` when the cache answered."""
+        """Subjects that hold a schema id, from the cache or upstream; sets ``state["cached"]`` when the
+        cache answered."""
         if not refresh:
-            cached = self._subjects.get(key)
-            if cached is not None and cached[1] > self.clock():
-                self.metrics.cache_lookup("schema_subjects", True)
+            cached = self.schemas.cached_subjects_of_id(schema_id, context=context, deleted=True)
+            self.metrics.cache_lookup("schema_subjects", cached is not None)
+            if cached is not None:
                 state["cached"] = True
-                return cached[0]
-            self.metrics.cache_lookup("schema_subjects", False)
-        response = await self._call("GET", target, "/schemas/ids/{id}/versions", state)
-        if response.status == 404:
-            return []
-        if response.status != 200:
-            return _from_upstream(response)
+                return cached
         try:
-            items = orjson.loads(response.body)
-            subjects = sorted({str(item["subject"]) for item in items})
-        except (orjson.JSONDecodeError, TypeError, KeyError):
+            return await self.schemas.subjects_of_id(
+                schema_id, context=context, deleted=True, refresh=True, send=self._send(state)
+            )
+        except UnreadableAnswer:
             return error(502, 50201, "the upstream schema registry answered an unreadable subject list")
-        if subjects:
-            self._subjects[key] = (subjects, self.clock() + self.subject_cache_ttl)
-            if len(self._subjects) > 100_000:
-                now = self.clock()
-                self._subjects = {k: v for k, v in self._subjects.items() if v[1] > now}
-        return subjects
+        except RegistryError as exc:
+            return self._failure(exc)
 
     async def _require_schema(
         self,
         principal: str,
-        ids: list[str],
+        ids: list[int],
         resource: str,
         route: routes.Route,
         span: trace.Span,
@@ -313,13 +327,7 @@ class RegistryProxy:
             subjects: set[str] = set()
             state["cached"] = False
             for schema_id in ids:
-                query = b"?deleted=true" + (b"&subject=" + context.encode() if context else b"")
-                found = await self._subjects_of(
-                    f"id:{context or ''}:{schema_id}",
-                    f"/schemas/ids/{schema_id}/versions".encode() + query,
-                    state,
-                    refresh,
-                )
+                found = await self._subjects_of(schema_id, context, state, refresh)
                 if isinstance(found, ProxyResponse):
                     return found
                 subjects.update(found)
@@ -347,28 +355,15 @@ class RegistryProxy:
         if self.authorization.is_super_user(principal):
             await self.authorization.check(principal, READ, "")
             return None
-        key = f"guid:{guid}"
-        cached = self._subjects.get(key)
-        if cached is not None and cached[1] > self.clock():
-            self.metrics.cache_lookup("schema_subjects", True)
-            pairs = [tuple(item.split("\x00", 1)) for item in cached[0]]
-        else:
-            self.metrics.cache_lookup("schema_subjects", False)
-            response = await self._call(
-                "GET", f"/schemas/guids/{guid}/ids".encode(), "/schemas/guids/{guid}/ids", state
-            )
-            if response.status != 200:
-                return _from_upstream(response)  # e.g. a registry without GUIDs: its 404
+        pairs = self.schemas.cached_ids_of_guid(guid)
+        self.metrics.cache_lookup("schema_subjects", pairs is not None)
+        if pairs is None:
             try:
-                items = orjson.loads(response.body)
-                pairs = [(str(item.get("context", ".")), str(int(item["id"]))) for item in items]
-            except (orjson.JSONDecodeError, TypeError, KeyError, ValueError, AttributeError):
+                pairs = await self.schemas.ids_of_guid(guid, refresh=True, send=self._send(state))
+            except UnreadableAnswer:
                 return error(502, 50201, "the upstream schema registry answered an unreadable id list")
-            if pairs:
-                self._subjects[key] = (
-                    [f"{c}\x00{i}" for c, i in pairs],
-                    self.clock() + self.subject_cache_ttl,
-                )
+            except RegistryError as exc:
+                return self._failure(exc)  # e.g. a registry without GUIDs: its 404
         if not pairs:
             return error(404, 40403, "Schema not found")
         last: ProxyResponse | None = None

@@ -38,13 +38,12 @@ import logging
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 import orjson
 import trio
 
-from kanal.admin.kafka_log import CompactedLog, LogError, LogRecord
-from kanal.config.upstream import UpstreamSettings
+from kanal.api import LogError, LogRecord, StateLog
 from kanal_registry_proxy import __version__
 from kanal_registry_proxy.metrics import ProxyMetrics
 
@@ -176,43 +175,39 @@ class PermissionStore:
         return decision
 
 
-class LogFactory(Protocol):
-    def __call__(self, topic: str, upstream: UpstreamSettings, timeout: float) -> CompactedLog: ...
-
-
 def _now() -> str:
     return datetime.datetime.now(datetime.UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 class ReactiveSync:
-    """Follows the commands topic into a :class:`PermissionStore` and heartbeats on the events topic."""
+    """Follows the commands topic into a :class:`PermissionStore` and heartbeats on the events topic.
+
+    The two topics are state logs of the backing cluster: the gateway's (``services.state_log``) when
+    it hosts the proxy, the command line's (``cli.state_log``) alone. :meth:`run` closes them.
+    """
 
     def __init__(
         self,
         store: PermissionStore,
-        kafka: UpstreamSettings,
+        commands: StateLog,
+        events: StateLog,
         *,
-        commands_topic: str,
-        events_topic: str,
         app_id: str,
         instance_id: str,
         heartbeat_interval: float = 10.0,
         auth_provider: str = "",
         metrics: ProxyMetrics | None = None,
-        timeout: float = 10.0,
-        log_factory: LogFactory | None = None,
     ) -> None:
         self.store = store
-        self.kafka = kafka
-        self.commands_topic = commands_topic
-        self.events_topic = events_topic
+        self.commands = commands
+        self.events = events
+        self.commands_topic = commands.topic
+        self.events_topic = events.topic
         self.app_id = app_id
         self.instance_id = instance_id
         self.heartbeat_interval = heartbeat_interval
         self.auth_provider = auth_provider
         self.metrics = metrics
-        self.timeout = timeout
-        self._factory: LogFactory = log_factory or CompactedLog
         self.offset = 0
         self.loaded = trio.Event()
         self.started_at = _now()
@@ -281,7 +276,7 @@ class ReactiveSync:
                 await trio.sleep(delay)
                 delay = min(delay * 2, 10.0)
 
-    async def load(self, commands: CompactedLog) -> None:
+    async def load(self, commands: StateLog) -> None:
         """Reads the commands topic up to its end (the permissions in force at startup)."""
         await self._retrying("creating the commands topic", commands.ensure_topic)
         end: int = await self._retrying("reading the end of the commands topic", commands.end_offset)
@@ -300,8 +295,7 @@ class ReactiveSync:
         )
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        commands = self._factory(self.commands_topic, self.kafka, self.timeout)
-        events = self._factory(self.events_topic, self.kafka, self.timeout)
+        commands, events = self.commands, self.events
         try:
             await self.load(commands)
             await self._retrying("creating the events topic", events.ensure_topic)
@@ -317,7 +311,7 @@ class ReactiveSync:
                 await commands.aclose()
                 await events.aclose()
 
-    async def _follow(self, commands: CompactedLog, events: CompactedLog) -> None:
+    async def _follow(self, commands: StateLog, events: StateLog) -> None:
         while True:
             records, next_offset = await self._retrying(
                 "reading the commands topic", lambda: commands.read(self.offset, 1.0)
@@ -332,7 +326,7 @@ class ReactiveSync:
                 except (LogError, OSError) as exc:
                     log.warning("reactive mode: cannot write an event: %s", exc)
 
-    async def _heartbeats(self, events: CompactedLog) -> None:
+    async def _heartbeats(self, events: StateLog) -> None:
         while True:
             try:
                 await events.append(*self.heartbeat())

@@ -1,9 +1,14 @@
 """Assembling a proxy from its settings (every startup check happens here) and serving it.
 
-:class:`ProxyService` refuses to be built, with a :class:`~kanal.config.errors.ConfigError` naming the
-variable at fault, for a missing, invalid or expired license, an invalid credentials file, or an
-unusable JWT setup. :meth:`ProxyService.serve` runs the background tasks (credential reloads, JWKS
-refresh, reactive permissions and heartbeats) and the HTTP listener (:mod:`kanal_registry_proxy.httpserver`).
+:class:`ProxyService` refuses to be built, with a :class:`~kanal.api.ConfigError` naming the
+variable at fault, for a missing, invalid or expired license, an invalid credentials file, an
+unusable JWT setup, or a mode whose Kafka access is missing. It reaches the backing cluster through
+what its host gives it: a :class:`~kanal.api.KafkaClient` (topic-acl mode) and a factory of
+:class:`~kanal.api.StateLog` (reactive mode), the gateway's when ``kanal run`` hosts it, the command
+line's when ``kanal registry-proxy`` runs it alone.
+
+:meth:`ProxyService.serve` runs the background tasks (credential reloads, JWKS refresh, reactive
+permissions and heartbeats) and the HTTP listener (:mod:`kanal_registry_proxy.httpserver`).
 """
 
 from __future__ import annotations
@@ -16,9 +21,7 @@ from typing import Any, cast
 import trio
 from prometheus_client import CollectorRegistry
 
-from kanal.config.errors import ConfigError
-from kanal.net.upstream import ControlClient
-from kanal.protocol.framing import DEFAULT_MAX_FRAME_SIZE
+from kanal.api import CliContext, ConfigError, KafkaClient, StateLog
 from kanal_registry_proxy.acl import AclLookup
 from kanal_registry_proxy.app import create_app
 from kanal_registry_proxy.auth_basic import BasicAuthenticator, CredentialsError
@@ -30,7 +33,7 @@ from kanal_registry_proxy.metrics import ProxyMetrics
 from kanal_registry_proxy.proxy import RegistryProxy
 from kanal_registry_proxy.reactive import PermissionStore, ReactiveSync
 from kanal_registry_proxy.settings import ProxySettings
-from kanal_registry_proxy.upstream import HttpClient
+from kanal_registry_proxy.upstream import client_for
 
 log = logging.getLogger(__name__)
 
@@ -44,8 +47,16 @@ class ProxyService:
         *,
         registry: CollectorRegistry | None = None,
         access_writer: Callable[[str, dict[str, Any]], None] | None = None,
+        kafka: KafkaClient | None = None,
+        state_log: Callable[[str], StateLog] | None = None,
+        owns_kafka: bool = False,
     ) -> None:
+        """``kafka`` and ``state_log`` reach the backing cluster (needed by the topic-acl and the
+        reactive mode); with ``owns_kafka``, :meth:`serve` closes ``kafka`` when it ends."""
         self.settings = settings
+        self.kafka = kafka
+        self.state_log = state_log
+        self.owns_kafka = owns_kafka
         for warning in settings.warnings:
             log.warning("%s", warning)
         self.metrics = ProxyMetrics(registry)
@@ -72,7 +83,7 @@ class ProxyService:
             self.authenticator = JwtAuthenticator(settings.jwt, self.metrics)
         self.mode = self._mode()
         self.authorization = Authorization(self.mode, settings.super_users, self.metrics)
-        self.client = HttpClient.for_registry(settings.upstream)
+        self.client = client_for(settings.upstream)
         self.proxy = RegistryProxy(
             self.client,
             self.authenticator,
@@ -90,17 +101,20 @@ class ProxyService:
         settings = self.settings
         if settings.authorization_mode == "read-only":
             return ReadOnlyMode()
-        assert settings.kafka is not None
         if settings.authorization_mode == "topic-acl":
-            control = ControlClient(settings.kafka, settings.topic_acl_lookup_timeout, DEFAULT_MAX_FRAME_SIZE)
-            lookup = AclLookup(control, settings.topic_acl_cache_ttl, settings.topic_acl_lookup_timeout, self.metrics)
+            if self.kafka is None:
+                raise ConfigError("AUTHORIZATION_MODE", "topic-acl needs a Kafka client for the cluster's ACLs")
+            lookup = AclLookup(
+                self.kafka, settings.topic_acl_cache_ttl, settings.topic_acl_lookup_timeout, self.metrics
+            )
             return TopicAclMode(lookup)
+        if self.state_log is None:
+            raise ConfigError("AUTHORIZATION_MODE", "reactive needs the Kafka cluster of the permission topics")
         store = PermissionStore()
         sync = ReactiveSync(
             store,
-            settings.kafka,
-            commands_topic=settings.commands_topic,
-            events_topic=settings.events_topic,
+            self.state_log(settings.commands_topic),
+            self.state_log(settings.events_topic),
             app_id=settings.app_id,
             instance_id=settings.instance_id,
             heartbeat_interval=settings.heartbeat_interval,
@@ -154,6 +168,8 @@ class ProxyService:
             self.ready = False
             with trio.CancelScope(shield=True):
                 await self.client.aclose()
+                if self.owns_kafka and self.kafka is not None:
+                    await self.kafka.aclose()
 
     def _tls(self) -> ssl.SSLContext | None:
         settings = self.settings
@@ -168,3 +184,15 @@ class ProxyService:
         """The first bound address as a URL (after :meth:`serve` started)."""
         bind = self.binds[0]
         return bind if bind.startswith("http") else f"http://{bind}"
+
+
+def standalone(
+    settings: ProxySettings,
+    cli: CliContext,
+    *,
+    access_writer: Callable[[str, dict[str, Any]], None] | None = None,
+) -> ProxyService:
+    """A proxy as ``kanal registry-proxy`` runs it: Kafka as the ``KAFKA_*`` variables name it, through
+    the command line (a bad ``KAFKA_*`` variable raises ``ConfigError`` naming it)."""
+    kafka = cli.kafka() if settings.authorization_mode == "topic-acl" else None
+    return ProxyService(settings, access_writer=access_writer, kafka=kafka, state_log=cli.state_log, owns_kafka=True)

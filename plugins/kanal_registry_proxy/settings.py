@@ -14,8 +14,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 from urllib.parse import urlsplit
 
-from kanal.config.errors import ConfigError
-from kanal.config.upstream import UpstreamSettings, parse_upstream
+from kanal.api import ConfigError
 
 log = logging.getLogger(__name__)
 
@@ -163,7 +162,6 @@ class ProxySettings:
     access_log: bool = True
     log_format: str = "json"
     log_level: str = "info"
-    kafka: UpstreamSettings | None = None
     app_id: str = "schema-registry-proxy"
     instance_id: str = ""
     heartbeat_interval: float = 10.0
@@ -308,11 +306,13 @@ def authorization_mode(env: Mapping[str, str], warnings: list[str]) -> Authoriza
     raise ConfigError("AUTHORIZATION_MODE", f"expected one of {', '.join(AUTHORIZATION_MODES)}, got {mode!r}")
 
 
-def load_settings(env: Mapping[str, str], kafka: UpstreamSettings | None = None) -> ProxySettings:
+def load_settings(env: Mapping[str, str], *, hosted: bool = False) -> ProxySettings:
     """Every setting of the proxy, or a ConfigError naming the variable at fault.
 
-    ``kafka`` overrides the ``KAFKA_*`` variables (``kanal run`` passes the gateway's own upstream).
-    The license itself is checked by :func:`kanal_registry_proxy.license.check_license`.
+    ``hosted``: the gateway hosts the proxy and gives it its own Kafka client and state logs, so
+    ``KAFKA_BOOTSTRAP_SERVERS`` is not required here. Alone, the ``KAFKA_*`` variables name the cluster,
+    and the command line's client checks the others when it is created. The license itself is checked
+    by :func:`kanal_registry_proxy.license.check_license`.
     """
     warnings: list[str] = []
     token = _get(env, "VENDOR_LICENSE")
@@ -332,14 +332,12 @@ def load_settings(env: Mapping[str, str], kafka: UpstreamSettings | None = None)
         name.strip() for name in (env.get("AUTHORIZATION_SUPER_USERS") or "").split(";") if name.strip()
     )
     http_port = _int(env, "SRP_HTTP_PORT", 8081, 0, 65535)
-    if kafka is None and mode in ("topic-acl", "reactive"):
-        if _get(env, "KAFKA_BOOTSTRAP_SERVERS") is None:
-            raise ConfigError(
-                "KAFKA_BOOTSTRAP_SERVERS",
-                f"required with AUTHORIZATION_MODE={mode}: the Kafka cluster that holds the "
-                + ("ACLs" if mode == "topic-acl" else "permission topics"),
-            )
-        kafka = parse_upstream(env, {})
+    if not hosted and mode in ("topic-acl", "reactive") and _get(env, "KAFKA_BOOTSTRAP_SERVERS") is None:
+        raise ConfigError(
+            "KAFKA_BOOTSTRAP_SERVERS",
+            f"required with AUTHORIZATION_MODE={mode}: the Kafka cluster that holds the "
+            + ("ACLs" if mode == "topic-acl" else "permission topics"),
+        )
     if _get(env, "SRP_TLS_KEY_LOCATION") is not None and _get(env, "SRP_TLS_CERTIFICATE_LOCATION") is None:
         raise ConfigError("SRP_TLS_CERTIFICATE_LOCATION", "required when SRP_TLS_KEY_LOCATION is set")
     log_format = (_get(env, "SRP_LOG_FORMAT") or "json").lower()
@@ -369,7 +367,6 @@ def load_settings(env: Mapping[str, str], kafka: UpstreamSettings | None = None)
         access_log=_bool(env, "SRP_ACCESS_LOG", True),
         log_format=log_format,
         log_level=(_get(env, "SRP_LOG_LEVEL") or "info").lower(),
-        kafka=kafka if mode in ("topic-acl", "reactive") else None,
         app_id=_get(env, "SCHEMA_REGISTRY_PROXY_APP_ID") or "schema-registry-proxy",
         instance_id=_get(env, "SRP_INSTANCE_ID") or f"{socket.gethostname()}:{http_port}",
         heartbeat_interval=_duration(env, "SRP_HEARTBEAT_INTERVAL", 10.0),

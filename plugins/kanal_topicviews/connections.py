@@ -28,8 +28,9 @@ properties above is a schema registry connection. Other connections (KMS...) are
 that use them; a view naming one is refused with a message listing its properties.
 
 Records: Confluent framing (a zero byte, the 4-byte schema id, the payload). AVRO payloads are decoded
-with the writer schema fetched by id (``GET /schemas/ids/{id}``, references resolved) and cached for
-the gateway's life (a failed lookup is retried after 30 s); JSON schema payloads are JSON. The decoded
+with the writer schema fetched by id (``GET /schemas/ids/{id}``, references resolved) through the shared
+:class:`kanal_schemas.SchemaRegistryClient`, and the decoder kept for the gateway's life (a failed lookup
+is retried after 30 s); JSON schema payloads are JSON. The decoded
 value becomes JSON-like for the SQL: bytes and fixed as text (one character per byte), decimals as
 numbers, dates and times as ISO-8601 text, UUIDs as text. Anything else (no magic byte, unknown id,
 Protobuf) cannot be transformed: the view's onError applies.
@@ -37,7 +38,6 @@ Protobuf) cannot be transformed: the view's onError applies.
 
 from __future__ import annotations
 
-import base64
 import datetime
 import decimal
 import io
@@ -46,17 +46,14 @@ import logging
 import re
 import ssl
 import time
-import urllib.error
-import urllib.parse
-import urllib.request
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
-import trio
+from kanal_schemas import AVRO, JSON, RegistryError, Schema, SchemaRegistryClient, TlsSettings, prefix_ref
 
-from kanal.config.errors import ConfigError
+from kanal.api import ConfigError
 
 __all__ = [
     "PREFIX",
@@ -108,15 +105,30 @@ class RegistryConnection:
     verify_hostname: bool = True
     timeout_ms: int = 5000
 
+    def tls(self) -> TlsSettings:
+        return TlsSettings(
+            ca_location=self.ca_location,
+            certificate_location=self.certificate_location,
+            key_location=self.key_location,
+            key_password=self.key_password,
+            check_hostname=self.verify_hostname,
+        )
+
     def ssl_context(self) -> ssl.SSLContext | None:
         if not any(u.startswith("https:") for u in self.urls):
             return None
-        context = ssl.create_default_context(cafile=self.ca_location)
-        if not self.verify_hostname:
-            context.check_hostname = False
-        if self.certificate_location:
-            context.load_cert_chain(self.certificate_location, self.key_location, self.key_password)
-        return context
+        return self.tls().context()
+
+    def client(self) -> SchemaRegistryClient:
+        """The registry client of this connection: failed lookups are remembered :data:`RETRY_AFTER`."""
+        return SchemaRegistryClient(
+            self.urls,
+            user_info=f"{self.username}:{self.password}" if self.username is not None else None,
+            tls=self.tls(),
+            timeout=self.timeout_ms / 1000,
+            negative_ttl=RETRY_AFTER,
+            failure_ttl=RETRY_AFTER,
+        )
 
 
 def parse_connections(
@@ -231,13 +243,13 @@ class _Registry:
 
     def __init__(self, connection: RegistryConnection) -> None:
         self.connection = connection
+        self.client = connection.client()
         self.readers: dict[int, Reader | tuple[str, float]] = {}
-        self._context = connection.ssl_context()
 
     def decode(self, value: bytes) -> Any:
-        if len(value) < 5 or value[0] != 0:
+        schema_id = prefix_ref(value)
+        if schema_id is None:
             raise ValueError("the value is not in the schema registry's wire format (magic byte 0, schema id)")
-        schema_id = int.from_bytes(value[1:5], "big")
         reader = self.readers.get(schema_id)
         if reader is None:
             raise MissingSchema(self, schema_id)
@@ -252,78 +264,48 @@ class _Registry:
         if schema_id in self.readers:
             return
         try:
-            reader = await trio.to_thread.run_sync(self._fetch_reader, schema_id)
-        except ExternalConnectionError as exc:
+            schema = await self.client.schema_by_id(schema_id)
+            references = await self.client.references(schema) if schema.schema_type == AVRO else []
+            reader = _reader(schema_id, schema, references)
+        except (RegistryError, ExternalConnectionError) as exc:
             log.warning("schema registry %s: %s (retried in %.0f s)", self.connection.name, exc, RETRY_AFTER)
             self.readers[schema_id] = (str(exc), time.monotonic() + RETRY_AFTER)
             return
         self.readers[schema_id] = reader
 
-    # -- blocking, in a worker thread
+    async def aclose(self) -> None:
+        await self.client.aclose()
 
-    def _get(self, path: str) -> Any:
-        last: Exception | None = None
-        for base in self.connection.urls:
-            request = urllib.request.Request(base + path, headers={"Accept": "application/vnd.schemaregistry.v1+json"})
-            if self.connection.username is not None:
-                token = f"{self.connection.username}:{self.connection.password}".encode()
-                request.add_header("Authorization", "Basic " + base64.b64encode(token).decode())
-            try:
-                with urllib.request.urlopen(  # http(s) URLs only, checked at startup
-                    request, timeout=self.connection.timeout_ms / 1000, context=self._context
-                ) as response:
-                    return json.loads(response.read())
-            except urllib.error.HTTPError as exc:
-                raise ExternalConnectionError(f"GET {path}: HTTP {exc.code} {exc.read()[:200]!r}") from None
-            except (OSError, ValueError) as exc:
-                last = exc
-        raise ExternalConnectionError(f"GET {path}: {last}")
 
-    def _fetch_reader(self, schema_id: int) -> Reader:
-        answer = self._get(f"/schemas/ids/{schema_id}")
-        kind = str(answer.get("schemaType") or "AVRO").upper()
-        if kind == "JSON":
-            import orjson
+def _reader(schema_id: int, schema: Schema, references: Sequence[Schema]) -> Reader:
+    if schema.schema_type == JSON:
+        import orjson
 
-            return orjson.loads
-        if kind != "AVRO":
-            raise ExternalConnectionError(f"schema {schema_id} is {kind}: views decode AVRO and JSON schemas")
-        return self._avro_reader(answer)
+        return orjson.loads
+    if schema.schema_type != AVRO:
+        raise ExternalConnectionError(f"schema {schema_id} is {schema.schema_type}: views decode AVRO and JSON schemas")
+    import fastavro
 
-    def _avro_reader(self, answer: Mapping[str, Any]) -> Reader:
-        import fastavro
+    named: dict[str, Any] = {}
+    texts = [ref.text for ref in references]
+    try:
+        for text in texts:
+            fastavro.parse_schema(json.loads(text), named_schemas=named)
+        parsed = fastavro.parse_schema(json.loads(schema.text), named_schemas=named)
+    except (ValueError, KeyError, TypeError, fastavro.schema.SchemaParseException) as exc:
+        raise ExternalConnectionError(f"unusable Avro schema: {exc}") from None
+    reader = fastavro.schemaless_reader
+    if not re.search(r'"(bytes|fixed)"|logicalType', schema.text + "".join(texts)):
 
-        named: dict[str, Any] = {}
-        self._references(answer.get("references") or [], named, set())
-        text = str(answer["schema"])
-        try:
-            schema = fastavro.parse_schema(json.loads(text), named_schemas=named)
-        except (ValueError, KeyError, TypeError, fastavro.schema.SchemaParseException) as exc:
-            raise ExternalConnectionError(f"unusable Avro schema: {exc}") from None
-        reader = fastavro.schemaless_reader
-        if not re.search(r'"(bytes|fixed)"|logicalType', text + json.dumps(list(named))):
+        def plain(payload: bytes) -> Any:
+            return reader(io.BytesIO(payload), parsed, None)
 
-            def plain(payload: bytes) -> Any:
-                return reader(io.BytesIO(payload), schema, None)
+        return plain
 
-            return plain
+    def converted(payload: bytes) -> Any:
+        return _jsonable(reader(io.BytesIO(payload), parsed, None))
 
-        def converted(payload: bytes) -> Any:
-            return _jsonable(reader(io.BytesIO(payload), schema, None))
-
-        return converted
-
-    def _references(self, references: Any, named: dict[str, Any], seen: set[tuple[str, int]]) -> None:
-        import fastavro
-
-        for ref in references:
-            key = (str(ref["subject"]), int(ref["version"]))
-            if key in seen:
-                continue
-            seen.add(key)
-            answer = self._get(f"/subjects/{urllib.parse.quote(key[0], safe='')}/versions/{key[1]}")
-            self._references(answer.get("references") or [], named, seen)
-            fastavro.parse_schema(json.loads(answer["schema"]), named_schemas=named)
+    return converted
 
 
 def _jsonable(value: Any) -> Any:
@@ -373,6 +355,11 @@ class ValueDecoders:
 
     def has(self, name: str) -> bool:
         return normalize(name) in self._registries
+
+    async def aclose(self) -> None:
+        """Closes the registry clients' connections."""
+        for registry in self._registries.values():
+            await registry.aclose()
 
     def decoder(self, name: str) -> Reader:
         """The value decoder of connection ``name`` (may raise :class:`MissingSchema`)."""

@@ -22,9 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any, Final
 
-from kio.schema.errors import ErrorCode
-
-from kanal.pipeline.results import Reject
+from kanal.api import ErrorCode, Reject
 
 from .rewrite import PhysicalId, TopicKey, item_class, make
 from .views import View, Views

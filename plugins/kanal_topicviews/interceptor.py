@@ -20,22 +20,33 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import replace
 from typing import Any, ClassVar, Final
 
 import trio
-from kio.schema.errors import ErrorCode
 
-from kanal.pipeline.context import RecordsContext, RequestContext, ResponseContext
-from kanal.pipeline.hookspecs import hookimpl
-from kanal.pipeline.interceptor import Interceptor, InterceptorConfigError
-from kanal.pipeline.results import PartitionError, RecordsResult, Reject, RequestResult, Respond, ResponseResult
-from kanal.protocol.api import ApiKey
+from kanal.api import (
+    ApiKey,
+    ErrorCode,
+    GatewayServices,
+    Interceptor,
+    InterceptorConfigError,
+    PartitionError,
+    RecordsContext,
+    RecordsResult,
+    Reject,
+    RequestContext,
+    RequestResult,
+    Respond,
+    ResponseContext,
+    ResponseResult,
+    hookimpl,
+)
 
 from . import groups, readahead, rewrite
 from .connections import MissingSchema
-from .runtime import Runtime, runtime_of
+from .runtime import Runtime, shared_runtime
 from .transform import FetchFailed, next_offset
 from .views import View, ViewConfigError, Views
 
@@ -49,6 +60,7 @@ PLUGIN_NAME: Final = "topic-views"
 PRIORITY: Final = 10_000
 INVALID_TOPIC_EXCEPTION: Final = int(ErrorCode.invalid_topic_exception)
 TOPIC_ALREADY_EXISTS: Final = ErrorCode.topic_already_exists
+_ZERO_ID: Final = uuid.UUID(int=0)
 
 _PLANS: Final = "topic-views.plans"
 _TURN: Final = "topic-views.turn"
@@ -73,10 +85,10 @@ class TopicViewsInterceptor(Interceptor):
     config_schema: ClassVar[Mapping[str, Any] | None] = {
         "type": "object",
         "required": ["views"],
+        "additionalProperties": False,
         "properties": {
             "views": {"type": "array", "items": {"type": "object"}, "description": "TopicView manifests"},
             "clusterId": {"type": "string", "description": "gateway cluster id (view topic ids derive from it)"},
-            "runtime": {"type": ["string", "null"], "description": "internal: the gateway this instance serves"},
         },
     }
     request_api_keys: ClassVar[frozenset[int] | None] = frozenset(
@@ -96,17 +108,15 @@ class TopicViewsInterceptor(Interceptor):
     # Only the responses to requests naming a view are rewritten: the others are not decoded.
     responses_on_demand: ClassVar[bool] = True
 
-    def __init__(self, config: Mapping[str, Any]) -> None:
-        super().__init__(config)
-        manifests = config.get("views")
-        if not isinstance(manifests, list):
-            raise InterceptorConfigError("views: required, a list of TopicView manifests")
-        cluster_id = str(config.get("clusterId") or "gateway")
-        token = config.get("runtime")
-        self.runtime: Runtime | None = runtime_of(token) if isinstance(token, str) else None
+    def __init__(self, config: Mapping[str, Any], services: GatewayServices) -> None:
+        super().__init__(config, services)
+        cluster_id = str(config.get("clusterId") or services.cluster_id)
+        # What the TopicView kind built for this gateway (decoders, helper process, read-ahead flag);
+        # None for an instance configured by hand, without the kind: no registry, no read-ahead.
+        self.runtime: Runtime | None = shared_runtime(services)
         decoders = self.runtime.decoders if self.runtime is not None else None
         built: list[View] = []
-        for i, manifest in enumerate(manifests):
+        for i, manifest in enumerate(config["views"]):
             try:
                 built.append(View.from_manifest(manifest, cluster_id, decoders))
             except (ViewConfigError, KeyError, TypeError) as exc:
@@ -116,9 +126,19 @@ class TopicViewsInterceptor(Interceptor):
         self._reported: set[tuple[str, int, int]] = set()
         self.read_aheads_started = 0
         self.read_aheads_served = 0
-        gateway = self.runtime.gateway if self.runtime is not None and self.runtime.read_ahead else None
-        self._control = gateway.control if gateway is not None else None
-        self._pool = self.runtime.pool if self._control is not None and self.runtime is not None else None
+        self._read_ahead_on = self.runtime is not None and self.runtime.read_ahead
+        self._pool = self.runtime.pool if self._read_ahead_on and self.runtime is not None else None
+        #: input topic ids this interceptor asked the cluster for (see ``_resolve_ids``)
+        self._learned_ids: dict[str, uuid.UUID] = {}
+        self._read_aheads: set[trio.CancelScope] = set()  # those running, cancelled by ``aclose``
+        self._closed = False
+
+    async def aclose(self) -> None:
+        """Cancels the read-aheads still running and starts no more. The helper process is not this
+        instance's: the plugin's interceptors share it, and the plugin closes it at shutdown."""
+        self._closed = True
+        for scope in self._read_aheads:
+            scope.cancel()
 
     # -- requests --------------------------------------------------------------------------------
 
@@ -127,17 +147,16 @@ class TopicViewsInterceptor(Interceptor):
         api_key = ctx.api_key
         request = ctx.request
         views = self.views
-        names = ctx.topic_names
         if api_key == ApiKey.FETCH:
             if ctx.api_version >= 13:
                 await self._resolve_ids(ctx, (t.topic_id for t in request.topics))
             turn = ctx.connection.state.get(_TURN, 0)
-            done = rewrite.fetch_request(request, ctx.api_version, views, names.id, turn)
+            done = rewrite.fetch_request(request, ctx.api_version, views, self._physical_id(ctx.topic_names.id), turn)
             if done is None:
                 return None
             if done[1].deferred:
                 ctx.connection.state[_TURN] = turn + 1
-            if self._control is not None:
+            if self._read_ahead_on:
                 answer = await self._from_read_ahead(ctx, done[1])
                 if answer is not None:
                     return answer
@@ -149,19 +168,20 @@ class TopicViewsInterceptor(Interceptor):
             return self._forward(ctx, meta[0], meta[1])
         if api_key in _RENAMED:
             key_field, parts_field, part_field = _RENAMED[api_key]
-            renamed = rewrite.rename_request(request.topics, key_field, parts_field, part_field, views, names.id)
+            physical_id = self._physical_id(ctx.topic_names.id)
+            renamed = rewrite.rename_request(request.topics, key_field, parts_field, part_field, views, physical_id)
             if renamed is None:
                 return None
             return self._forward(ctx, replace(request, topics=renamed[0]), renamed[1])
         if api_key in _COMMITS:
             if request.topics and not hasattr(request.topics[0], "name"):
                 await self._resolve_ids(ctx, (t.topic_id for t in request.topics))
-            committed = groups.commit_request(request, views, names.id)
+            committed = groups.commit_request(request, views, self._physical_id(ctx.topic_names.id))
             if committed is None or isinstance(committed, Reject):
                 return committed
             return self._forward(ctx, committed[0], committed[1])
         if api_key == ApiKey.OFFSET_FETCH:
-            fetched = groups.offset_fetch_request(request, views, names.id)
+            fetched = groups.offset_fetch_request(request, views, self._physical_id(ctx.topic_names.id))
             if fetched is None:
                 return None
             return self._forward(ctx, fetched[0], fetched[1])
@@ -181,21 +201,42 @@ class TopicViewsInterceptor(Interceptor):
         ctx.want_response()
         return None
 
-    async def _resolve_ids(self, ctx: RequestContext, keys: Any) -> None:
-        """Makes sure the topic-id cache knows the input topics of the views named by id (it learns
-        them from Metadata; after a restart a client may fetch before asking Metadata again)."""
+    def _physical_id(self, known: Callable[[str], uuid.UUID | None]) -> Callable[[str], uuid.UUID | None]:
+        """The topic id of an input topic: the gateway's topic names (``known``), else those
+        ``_resolve_ids`` asked the cluster for."""
+        learned = self._learned_ids
+        if not learned:
+            return known
+
+        def physical_id(name: str) -> uuid.UUID | None:
+            found = known(name)
+            return found if found is not None else learned.get(name)
+
+        return physical_id
+
+    async def _resolve_ids(self, ctx: RequestContext, keys: Iterable[Any]) -> None:
+        """Makes sure the input topics of the views named by id have known topic ids (the gateway
+        learns them from Metadata; after a restart a client may fetch before asking Metadata again)."""
         missing = []
         for key in keys:
             view = self.views.by_id.get(key) if isinstance(key, uuid.UUID) else None
-            if view is not None and ctx.topic_names.id(view.physical) is None:
+            if (
+                view is not None
+                and ctx.topic_names.id(view.physical) is None
+                and view.physical not in self._learned_ids
+            ):
                 missing.append(view.physical)
-        if missing and self.runtime is not None and self.runtime.gateway is not None:
-            try:
-                response = await self.runtime.gateway.control.metadata(missing)
-            except ConnectionError as exc:
-                log.warning("cannot resolve the topic ids of %s: %s", ", ".join(missing), exc)
-                return
-            ctx.topic_names.learn(ApiKey.METADATA, response)
+        if not missing:
+            return
+        try:
+            response = await self.services.kafka.metadata(missing)
+        except ConnectionError as exc:
+            log.warning("cannot resolve the topic ids of %s: %s", ", ".join(missing), exc)
+            return
+        for topic in response.topics:
+            topic_id = getattr(topic, "topic_id", None)
+            if topic.name and topic_id and topic_id != _ZERO_ID:
+                self._learned_ids[str(topic.name)] = topic_id
 
     def _create_topics(self, ctx: RequestContext) -> RequestResult:
         request = ctx.request
@@ -222,9 +263,9 @@ class TopicViewsInterceptor(Interceptor):
         response = ctx.response
         if api_key == ApiKey.FETCH:
             ctx.response = await self._fetch_response(response, plan)
-            if self._control is not None:
+            if self._read_ahead_on:
                 try:
-                    self._read_ahead(ctx.connection.state, plan, response)
+                    self._read_ahead(ctx.connection.state, plan, response, ctx.connection.node_id)
                 except Exception:  # an optimisation: never worth failing the response for
                     log.exception("topic views: starting a read-ahead failed")
         elif api_key == ApiKey.METADATA:
@@ -288,10 +329,10 @@ class TopicViewsInterceptor(Interceptor):
         for ra in picked:  # keep the chain going from the furthest read-ahead already read
             chain = chains.get((ra.view.name, ra.partition), {})
             last = max((r for r in chain.values() if r.source is not None), key=lambda r: r.offset, default=ra)
-            self._read_ahead_one(state, ra.view, ra.key, ra.physical, last.source, ra.request, plan.by_id)
+            self._read_ahead_one(state, ra.view, ra.key, ra.physical, last.source, ra.request, plan.by_id, ra.node_id)
         return Respond(response)
 
-    def _read_ahead(self, state: dict[str, Any], plan: rewrite.FetchPlan, response: Any) -> None:
+    def _read_ahead(self, state: dict[str, Any], plan: rewrite.FetchPlan, response: Any, node_id: int) -> None:
         """Starts read-aheads after a broker's answer when every partition the fetch named is a view
         partition whose answer was large: only then can the next fetch be answered from them."""
         if plan.deferred or any(view is None for _, view, _ in plan.served.values()):
@@ -309,13 +350,22 @@ class TopicViewsInterceptor(Interceptor):
             return
         for (key, view, _), physical, part in behind:
             assert view is not None
-            self._read_ahead_one(state, view, key, physical, part, plan.upstream, plan.by_id)
+            self._read_ahead_one(state, view, key, physical, part, plan.upstream, plan.by_id, node_id)
 
     def _read_ahead_one(
-        self, state: dict[str, Any], view: View, key: Any, physical: Any, source: Any, upstream: Any, by_id: bool
+        self,
+        state: dict[str, Any],
+        view: View,
+        key: Any,
+        physical: Any,
+        source: Any,
+        upstream: Any,
+        by_id: bool,
+        node_id: int | None,
     ) -> bool:
-        """Reads ahead after ``source`` (a broker's partition entry), unless the chain is long enough."""
-        if source is None or not _behind(source):
+        """Reads ahead after ``source`` (a broker's partition entry, from broker ``node_id``), unless
+        the chain is long enough."""
+        if self._closed or source is None or not _behind(source):
             return False
         offset = next_offset(source.records)
         if offset is None:
@@ -338,49 +388,59 @@ class TopicViewsInterceptor(Interceptor):
         request = readahead.prepare_request(upstream, key_field, physical, index, offset)
         if request is None:
             return False
-        ra = readahead.ReadAhead(view, index, offset, request, key=key, physical=physical)
+        ra = readahead.ReadAhead(view, index, offset, request, key=key, physical=physical, node_id=node_id)
         chain[offset] = ra
         self.read_aheads_started += 1
-        trio.lowlevel.spawn_system_task(self._run_read_ahead, ra, by_id, state)
+        self.services.start_soon(self._run_read_ahead, ra, by_id, state, name="topic views read-ahead")
         return True
 
     async def _run_read_ahead(self, ra: readahead.ReadAhead, by_id: bool, state: dict[str, Any]) -> None:
-        assert self._control is not None
+        with trio.CancelScope() as scope:
+            self._read_aheads.add(scope)
+            try:
+                await self._read_ahead_run(ra, by_id, state)
+            except Exception as exc:  # a read-ahead that fails is simply not used
+                log.debug("read-ahead of %s [%d] at %d failed: %s", ra.view.name, ra.partition, ra.offset, exc)
+            finally:
+                self._read_aheads.discard(scope)
+                ra.done.set()
+
+    async def _read_ahead_run(self, ra: readahead.ReadAhead, by_id: bool, state: dict[str, Any]) -> None:
+        if self._closed:
+            return
         try:
-            response = await self._control.call(ra.request)
-            (topic,) = response.responses
-            (part,) = topic.partitions
-            if part.error_code != ErrorCode.none or not part.records:
-                # e.g. NOT_LEADER_OR_FOLLOWER: the gateway's own connection goes to another broker
-                paused = state.setdefault(readahead.PAUSED, {})
-                paused[(ra.view.name, ra.partition)] = time.monotonic() + readahead.PAUSE
-                return
-            ra.source = part
-            # The broker reads the chunk after this one while the SQL runs over this one: let the new
-            # read-ahead send its request before the SQL holds the loop.
-            if self._read_ahead_one(state, ra.view, ra.key, ra.physical, part, ra.request, by_id):
-                for _ in range(4):
-                    await trio.sleep(0)
-            plan = rewrite.FetchPlan(by_id, served={(ra.physical, ra.partition): (ra.key, ra.view, ra.offset)})
-            view = ra.view
-            if self._pool is not None and self._pool.usable and view.transformer.splittable:
-                drop = view.on_error == "DROP"
-                try:
-                    done: bytes | FetchFailed = await self._pool.fetch(
-                        view.transformer, view.statement, drop, part.records, ra.partition, ra.offset
-                    )
-                except FetchFailed as failed:
-                    done = failed
-                rewritten = rewrite.fetch_response(response, plan, lambda v, p, o: self._entry(v, p, done))
-            else:
-                rewritten = await self._fetch_response(response, plan)
-            (answer,) = rewritten.responses
-            answer = replace(answer, partitions=tuple(readahead.clean_partition(p) for p in answer.partitions))
-            ra.response = replace(rewritten, responses=(answer,))
-        except Exception as exc:  # a read-ahead that fails is simply not used
-            log.debug("read-ahead of %s [%d] at %d failed: %s", ra.view.name, ra.partition, ra.offset, exc)
-        finally:
-            ra.done.set()
+            # The broker the consumer fetched from: the partition's leader (or its preferred replica).
+            response = await self.services.kafka.call(ra.request, node_id=ra.node_id)
+        except ConnectionError:
+            _pause(state, ra)
+            raise
+        (topic,) = response.responses
+        (part,) = topic.partitions
+        if part.error_code != ErrorCode.none or not part.records:
+            _pause(state, ra)  # e.g. NOT_LEADER_OR_FOLLOWER: leadership moved since the consumer's fetch
+            return
+        ra.source = part
+        # The broker reads the chunk after this one while the SQL runs over this one: let the new
+        # read-ahead send its request before the SQL holds the loop.
+        if self._read_ahead_one(state, ra.view, ra.key, ra.physical, part, ra.request, by_id, ra.node_id):
+            for _ in range(4):
+                await trio.sleep(0)
+        plan = rewrite.FetchPlan(by_id, served={(ra.physical, ra.partition): (ra.key, ra.view, ra.offset)})
+        view = ra.view
+        if self._pool is not None and self._pool.usable and view.transformer.splittable:
+            drop = view.on_error == "DROP"
+            try:
+                done: bytes | FetchFailed = await self._pool.fetch(
+                    view.transformer, view.statement, drop, part.records, ra.partition, ra.offset
+                )
+            except FetchFailed as failed:
+                done = failed
+            rewritten = rewrite.fetch_response(response, plan, lambda v, p, o: self._entry(v, p, done))
+        else:
+            rewritten = await self._fetch_response(response, plan)
+        (answer,) = rewritten.responses
+        answer = replace(answer, partitions=tuple(readahead.clean_partition(p) for p in answer.partitions))
+        ra.response = replace(rewritten, responses=(answer,))
 
     def _partition(self, view: View, partition: Any, fetch_offset: int) -> Any:
         records = partition.records
@@ -431,6 +491,12 @@ class TopicViewsInterceptor(Interceptor):
         if view is None:
             return None
         return PartitionError(INVALID_TOPIC_EXCEPTION, f"{view.name} is a topic view: it is read-only")
+
+
+def _pause(state: dict[str, Any], ra: readahead.ReadAhead) -> None:
+    """No read-ahead of ``ra``'s partition for a while: its broker answered an error or cannot be reached."""
+    paused = state.setdefault(readahead.PAUSED, {})
+    paused[(ra.view.name, ra.partition)] = time.monotonic() + readahead.PAUSE
 
 
 def _behind(part: Any) -> bool:

@@ -3,25 +3,18 @@
 * ``kanal_interceptor_types``: the ``topic-views`` interceptor type, which the TopicView resources
   install in every node's pipeline (see :mod:`kanal_topicviews.interceptor`).
 * ``kanal_admin_resources``: the ``TopicView`` kind, served at ``/gateway/v2/topic-view`` (see
-  :mod:`kanal_topicviews.resource`); its schema registry connections are read from the environment
-  at startup (``GATEWAY_EXTERNAL_CONNECTION_<NAME>_...``, see :mod:`kanal_topicviews.connections`).
+  :mod:`kanal_topicviews.resource`); its schema registry connections are read from the gateway's
+  settings at startup (``GATEWAY_EXTERNAL_CONNECTION_<NAME>_...``, see
+  :mod:`kanal_topicviews.connections`), and the helper process it may start is closed at shutdown.
 """
 
 from __future__ import annotations
 
-import os
-from typing import TYPE_CHECKING
+from kanal.api import GatewayServices, Interceptor, ResourceKind, hookimpl
 
-from kanal.pipeline.hookspecs import hookimpl
-from kanal.pipeline.interceptor import Interceptor
-
-from .connections import ValueDecoders
 from .interceptor import TopicViewsInterceptor
 from .resource import topic_view_kind
-
-if TYPE_CHECKING:
-    from kanal.admin.resources import ResourceKind
-    from kanal.gateway import Gateway
+from .runtime import close_at_shutdown
 
 __all__ = ["kanal_admin_resources", "kanal_interceptor_types"]
 
@@ -32,5 +25,7 @@ def kanal_interceptor_types() -> list[type[Interceptor]]:
 
 
 @hookimpl
-def kanal_admin_resources(gateway: Gateway) -> list[ResourceKind]:
-    return [topic_view_kind(gateway, ValueDecoders.from_env(os.environ))]
+def kanal_admin_resources(services: GatewayServices) -> list[ResourceKind]:
+    kind = topic_view_kind(services)
+    close_at_shutdown(services)
+    return [kind]

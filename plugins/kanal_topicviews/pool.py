@@ -7,7 +7,7 @@ the gateway transforms the first, and the two outputs are joined. The helper is 
 the first time a large chunk needs it and lives as long as the gateway (it exits when its pipe
 closes). Views that decode through a schema registry, and chunks smaller than :data:`MIN_SPLIT`
 bytes, stay in the gateway. The process, and how the chunk's part reaches it, is
-:class:`kanal.parallel.HelperProcess`; should the helper fail, the gateway transforms that part itself.
+`kanal.api.HelperProcess`; should the helper fail, the gateway transforms that part itself.
 The gateway's part is transformed in place (``Transformer.fetch`` with ``stop``), not copied out of the
 chunk first.
 
@@ -22,9 +22,10 @@ from __future__ import annotations
 import functools
 import json
 import struct
+from collections.abc import Callable
 from typing import Any, Final
 
-from kanal.parallel import HelperProcess
+from kanal.api import HelperProcess
 
 from .transform import FetchFailed, Transformer
 
@@ -56,10 +57,11 @@ def split_point(data: bytes, share: float = 0.5) -> int | None:
 
 
 class HelperPool:
-    """The helper process of topic views (:class:`kanal.parallel.HelperProcess`), and the split."""
+    """The helper process of topic views (``kanal.api.HelperProcess``), and the split."""
 
-    def __init__(self) -> None:
-        self._helper = HelperProcess("kanal-topic-views-helper", _transform)
+    def __init__(self, start_soon: Callable[..., None] | None = None) -> None:
+        # start_soon: the gateway's (services.start_soon), so the process starts as one of its tasks
+        self._helper = HelperProcess("kanal-topic-views-helper", _transform, start_soon)
 
     @property
     def usable(self) -> bool:

@@ -6,17 +6,17 @@ over every record, the consumer gets the answer and only then asks again (client
 flight per broker). The broker and the gateway then take turns, each idle while the other works.
 With it, when every partition a fetch named is a view partition whose answer was large (the consumer
 is behind: at least :data:`MIN_BYTES` of records, and more below the high watermark), the gateway at
-once asks the broker for the records that follow, on its own connection to the cluster
-(``gateway.control``), and runs the SQL over them; as soon as the broker has answered a read-ahead,
-the chunk after it is asked for too (:data:`DEPTH` chunks per partition), so the broker reads while
-the SQL runs. If the consumer's next
-fetch asks exactly for those offsets (for every partition it names), the gateway answers it from the
-read-ahead; any other fetch is forwarded as usual, and read-aheads behind the consumer are dropped
-(a seek forward or back finds no match and goes to the broker). A read-ahead that failed, came back
-empty or with an error, or is older than :data:`TTL` seconds is never used; after an error (the
-gateway's connection may lead to a broker that is not the partition's leader) the partition is not
-read ahead for :data:`PAUSE` seconds. So a consumer that caught up waits on the broker as before
-(``fetch.max.wait.ms``), and one that seeks gets what it asked for.
+once asks the broker the consumer fetched from for the records that follow, on the gateway's own
+connection to it (``services.kafka``), and runs the SQL over them; as soon as the broker has answered
+a read-ahead, the chunk after it is asked for too (:data:`DEPTH` chunks per partition), so the broker
+reads while the SQL runs. If the consumer's next fetch asks exactly for those offsets (for every
+partition it names), the gateway answers it from the read-ahead; any other fetch is forwarded as
+usual, and read-aheads behind the consumer are dropped (a seek forward or back finds no match and
+goes to the broker). A read-ahead that failed, came back empty or with an error, or is older than
+:data:`TTL` seconds is never used; after an error (the partition's leadership moved, the broker
+cannot be reached) the partition is not read ahead for :data:`PAUSE` seconds. So a consumer that
+caught up waits on the broker as before (``fetch.max.wait.ms``), and one that seeks gets what it
+asked for.
 
 The read-ahead fetch copies the consumer's request (version, isolation level, leader epoch, sizes,
 wait) for one partition. Answers built from it carry no KIP-951 leader hints and no preferred read
@@ -32,7 +32,8 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Final
 
 import trio
-from kio.schema.errors import ErrorCode
+
+from kanal.api import ErrorCode
 
 from .views import View
 
@@ -64,6 +65,7 @@ class ReadAhead:
     done: trio.Event = field(default_factory=trio.Event)
     response: Any = None  # the whole answer, rewritten for the client; None when unusable
     source: Any = None  # the broker's partition entry (records as read): where the next one starts
+    node_id: int | None = None  # the broker the consumer fetched from (None: any)
 
     def usable(self, now: float) -> bool:
         return now - self.created < TTL

@@ -27,10 +27,13 @@ a schema registry connection must be declared (``GATEWAY_EXTERNAL_CONNECTION_<NA
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Final
+from typing import Any, Final
 
-from kanal.admin.resources import (
+from kanal.api import (
     READY,
+    GatewayServices,
+    InterceptorConfigError,
+    InterceptorSpec,
     Key,
     Manifest,
     ResourceKind,
@@ -40,23 +43,18 @@ from kanal.admin.resources import (
     envelope,
     invalid,
 )
-from kanal.pipeline.interceptor import InterceptorConfigError, InterceptorSpec
 
 from .connections import ExternalConnectionError, ValueDecoders
 from .interceptor import PLUGIN_NAME, PRIORITY
-from .pool import HelperPool
-from .runtime import Runtime, register_runtime
+from .runtime import ensure_runtime
 from .sql import ViewSqlError
 from .views import ON_ERROR, View, ViewConfigError, compiled
-
-if TYPE_CHECKING:
-    from kanal.gateway import Gateway
 
 __all__ = ["KIND", "PATH", "SOURCE", "SPEC_SCHEMA", "canonical", "topic_view_kind"]
 
 KIND: Final = "TopicView"
 PATH: Final = "topic-view"
-SOURCE: Final = "topic-views"  # the pipeline source of the plugin's interceptor
+SOURCE: Final = "topic-views"  # the pipeline source of the plugin's interceptor (the plugin's name)
 
 SPEC_SCHEMA: Mapping[str, Any] = {
     "type": "object",
@@ -150,12 +148,12 @@ def canonical(manifest: Any, kind: ResourceKind, decoders: ValueDecoders | None)
     return envelope(kind, {"name": name}, out), sql.topic
 
 
-def topic_view_kind(gateway: Gateway, decoders: ValueDecoders | None = None) -> ResourceKind:
-    """The TopicView kind of ``gateway``; ``decoders`` resolves schema registry connections."""
-    cluster_id = gateway.settings.cluster_id
-    settings = gateway.settings
-    pool = HelperPool() if settings.feature("topic_views_helper_process", True) else None
-    token = register_runtime(Runtime(gateway, decoders, settings.feature("topic_views_read_ahead", True), pool))
+def topic_view_kind(services: GatewayServices, decoders: ValueDecoders | None = None) -> ResourceKind:
+    """The TopicView kind of a gateway (its plugin services); ``decoders`` resolves schema registry
+    connections (default: those declared in the gateway's ``GATEWAY_EXTERNAL_CONNECTION_*`` settings).
+    Builds the plugin's runtime in ``services.shared``, which the interceptors it installs read."""
+    cluster_id = services.cluster_id
+    decoders = ensure_runtime(services, decoders).decoders
 
     def validate(manifest: Any, state: StateView) -> Manifest:
         result, topic = canonical(manifest, kind, decoders)
@@ -170,7 +168,7 @@ def topic_view_kind(gateway: Gateway, decoders: ValueDecoders | None = None) -> 
                 continue
             if reads == name:
                 raise invalid(f"metadata.name: {name!r} is the input topic of topic view {m['metadata']['name']!r}")
-        if gateway.topic_names.id(name) is not None:
+        if services.topic_names.id(name) is not None:
             raise invalid(
                 f"metadata.name: a topic named {name!r} exists on the cluster; a view needs a name of its own"
             )
@@ -190,10 +188,10 @@ def topic_view_kind(gateway: Gateway, decoders: ValueDecoders | None = None) -> 
             statuses[key] = READY
         specs = []
         if usable:
-            config = {"views": usable, "clusterId": cluster_id, "runtime": token}
+            config = {"views": usable, "clusterId": cluster_id}
             specs.append(InterceptorSpec(name=PLUGIN_NAME, plugin=PLUGIN_NAME, priority=PRIORITY, config=config))
         try:
-            gateway.pipeline.configure(specs, source=SOURCE)
+            services.install(specs)
         except InterceptorConfigError as exc:
             return {kind.key_of(m["metadata"]): Status("Failed", str(exc)) for m in resources}
         return statuses

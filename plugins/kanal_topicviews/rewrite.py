@@ -29,7 +29,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any, Final
 
-from kio.schema.errors import ErrorCode
+from kanal.api import ErrorCode
 
 from .views import View, Views
 

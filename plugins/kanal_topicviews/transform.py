@@ -18,14 +18,14 @@ truncated last batch); the output is the same field as the view's consumer must 
   it are delivered and the fetch fails at its offset (:class:`FetchFailed`), so the consumer's
   position stops exactly at the record it cannot read.
 
-Why this is not written with :class:`kanal.protocol.records.RecordBatch`: a view rewrites every
-record of every batch it serves, and building a ``Record`` object per record then re-encoding it
-costs about twice as much as a single pass that reads each record's framing, hands the value to the
-compiled statement and writes the kept record from slices of the original bytes (only the value is
-new). Two such passes exist: the loop generated per view with the statement inlined
-(:mod:`kanal_topicviews.fastloop`: JSON values, no record metadata, the batch not cut by the fetch
-offset), and the general loop below for everything else. The wire format is Kafka's (magic 2);
-compression goes through the core's codecs.
+Why records are not ``kanal.api.Record`` objects: a view rewrites every record of every batch it
+serves, and building a ``Record`` object per record then re-encoding it costs about twice as much as
+a single pass over the core's record walk (``kanal.api.record_spans``: where each record's parts
+are), which hands the value to the compiled statement and writes the kept record from the original
+bytes (``write_record``: only the value is new). Two such passes exist: the loop generated per view
+with the statement inlined (:mod:`kanal_topicviews.fastloop`: JSON values, no record metadata, the
+batch not cut by the fetch offset), and the general loop below for everything else. The batch around
+the kept records is framed by ``RecordBatch.with_records`` (the core's codecs and CRC).
 """
 
 from __future__ import annotations
@@ -35,17 +35,15 @@ from collections.abc import Callable
 from typing import Any, Final
 
 import orjson
-from crc32c import crc32c
 
-from kanal.protocol.records import (
-    HEADER_SIZE,
-    NONE,
-    ZIGZAG_TABLE,
-    ZIGZAG_TABLE_SIZE,
-    compress,
-    decompress,
-    read_zigzag,
-    zigzag_bytes,
+from kanal.api import (
+    CorruptRecordError,
+    RecordBatch,
+    encode_batch,
+    record_headers,
+    record_spans,
+    records_area,
+    write_record,
 )
 
 from . import fastloop
@@ -53,38 +51,16 @@ from .sql import KEEP, CompiledView, RecordMeta, ViewContext, now_context
 
 __all__ = ["FetchFailed", "Transformer", "next_offset"]
 
-_HDR: Final = struct.Struct(">qiibIhiqqqhii")  # baseOffset .. recordsCount
-_TAIL: Final = struct.Struct(">hiqqqhii")  # attributes .. recordsCount (CRC-covered)
-_PREFIX: Final = struct.Struct(">qiibI")  # baseOffset, batchLength, leaderEpoch, magic, crc
-_LEN: Final = struct.Struct(">qi")
+_LEN: Final = struct.Struct(">qi")  # baseOffset, batchLength: the framing of magic 0, 1 and 2 alike
 _LEGACY_OFFSET: Final = struct.Struct(">q")
 _LAST_DELTA: Final = struct.Struct(">i")  # lastOffsetDelta, at byte 23 of a batch
-_CRC_START: Final = 21
-_LENGTH_FLOOR: Final = HEADER_SIZE - 12
-_CONTROL: Final = 0x20
-_LOG_APPEND_TIME: Final = 0x08
+_LENGTH_FLOOR: Final = 49  # the batchLength of a magic-2 batch without records (its header less 12 bytes)
+_LOG_APPEND_TIME: Final = 0x08  # the timestamp type bit of a batch's attributes
 
 
-_varint = zigzag_bytes
-_ZZ_N: Final = ZIGZAG_TABLE_SIZE
-_ZZ: Final = ZIGZAG_TABLE
-_zz = read_zigzag
-
-
-def _headers(raw: bytes) -> list[tuple[str, bytes | None]]:
-    out: list[tuple[str, bytes | None]] = []
-    count, p = _zz(raw, 0)
-    for _ in range(count):
-        n, p = _zz(raw, p)
-        name = raw[p : p + n].decode("utf-8", "replace")
-        p += n
-        n, p = _zz(raw, p)
-        if n < 0:
-            out.append((name, None))
-        else:
-            out.append((name, raw[p : p + n]))
-            p += n
-    return out
+def _headers(b: bytes, p: int, end: int) -> list[tuple[str, bytes | None]]:
+    """The headers of the header section ``b[p:end]`` as a view reads them (names decoded)."""
+    return [(name.decode("utf-8", "replace"), value) for name, value in record_headers(b, p, end)]
 
 
 class FetchFailed(Exception):
@@ -155,7 +131,7 @@ class Transformer:
                 if offset >= fetch_offset and not self._drop:
                     reason = "a magic 0/1 message set (views read magic-2 batches only)"
                     raise FetchFailed(offset, reason, b"".join(out) if offset > fetch_offset and out else None)
-                out.append(_empty(offset, 0, -1, 0, 0, -1, -1, -1, 0))
+                out.append(encode_batch([], base_offset=offset, base_timestamp=0))  # an empty batch at its offset
                 changed = True
                 pos = end
                 continue
@@ -184,49 +160,50 @@ class Transformer:
         self, data: bytes, pos: int, end: int, partition: int, fetch_offset: int, ctx: ViewContext | None
     ) -> bytes | None:
         """One magic-2 batch: the new batch, or None to forward the original bytes."""
-        h = _HDR.unpack_from(data, pos)
-        base_offset, attributes, last_delta, count = h[0], h[5], h[6], h[12]
-        if attributes & _CONTROL:
+        batch = RecordBatch(data, pos)
+        if batch.is_control:
             return None  # transaction markers
-        min_delta = fetch_offset - base_offset
-        if crc32c(memoryview(data)[pos + _CRC_START : end]) != h[4]:
-            return self._unreadable(h, min_delta, "the record batch fails its CRC")
-        if min_delta > last_delta:  # entirely before the fetch offset (brokers do not send these)
-            return _assemble(h, attributes, last_delta, b"", 0)
+        min_delta = fetch_offset - batch.base_offset
         try:
-            body, start, stop = _records_area(data, pos, end, attributes)
+            batch.check_crc()
+        except CorruptRecordError:
+            return self._unreadable(batch, min_delta, "the record batch fails its CRC")
+        if min_delta > batch.last_offset_delta:  # entirely before the fetch offset (brokers do not send these)
+            return batch.with_records(b"", 0)
+        try:
+            body, start = records_area(batch)
         except Exception as exc:  # any codec failure makes the batch unreadable
-            return self._unreadable(h, min_delta, f"the record batch cannot be decompressed: {exc}")
+            return self._unreadable(batch, min_delta, f"the record batch cannot be decompressed: {exc}")
         out = bytearray()
+        count = batch.records_count
         try:
             if self._loop is not None and min_delta <= 0:
-                kept, edited = self._loop(body, start, stop, count, out, ctx)
+                kept, edited = self._loop(body, start, len(body), count, out, ctx)
             else:
-                kept, edited = self._general(body, start, stop, count, out, ctx, h, partition, max(min_delta, 0))
-        except IndexError:
-            return self._unreadable(h, min_delta, "the record batch is malformed")
+                kept, edited = self._general(body, start, count, out, ctx, batch, partition, max(min_delta, 0))
+        except ValueError:  # the record walk's answer for a malformed batch
+            return self._unreadable(batch, min_delta, "the record batch is malformed")
         except _Bad as bad:
             if bad.delta > 0:  # deliver the records before it: the batch ends just before the failing record
-                bad.head = _assemble(h, attributes, bad.delta - 1, out, bad.kept)
+                bad.head = batch.with_records(out, bad.kept, bad.delta - 1)
             raise
         if not edited:
             return None
-        return _assemble(h, attributes, last_delta, out, kept)
+        return batch.with_records(out, kept)
 
-    def _unreadable(self, h: tuple[int, ...], min_delta: int, reason: str) -> bytes:
+    def _unreadable(self, batch: RecordBatch, min_delta: int, reason: str) -> bytes:
         if not self._drop:
             raise _Bad(max(min_delta, 0), reason)
-        return _assemble(h, h[5], h[6], b"", 0)
+        return batch.with_records(b"", 0)
 
     def _general(
         self,
         b: bytes,
         p: int,
-        stop: int,
         count: int,
         out: bytearray,
         ctx: ViewContext | None,
-        h: tuple[int, ...],
+        batch: RecordBatch,
         partition: int,
         min_delta: int,
     ) -> tuple[int, bool]:
@@ -238,62 +215,39 @@ class Transformer:
         drop = self._drop
         needs_meta = self._meta
         recode = decode is not None  # the output of a decoded value is JSON, SELECT * included
-        base_offset, base_ts, max_ts, attributes = h[0], h[7], h[8], h[5]
-        append_time = bool(attributes & _LOG_APPEND_TIME)
+        base_offset, base_ts, max_ts = batch.base_offset, batch.base_timestamp, batch.max_timestamp
+        append_time = bool(batch.attributes & _LOG_APPEND_TIME)
         meta = RecordMeta(partition=partition) if needs_meta else None
         kept = 0
         edited = False
-        for _ in range(count):
-            rec = p
-            n, p = _zz(b, p)
-            rend = p + n
-            tsd, q = _zz(b, p + 1)
-            od, q = _zz(b, q)
-            kl, q = _zz(b, q)
-            key = b[q : q + kl] if kl >= 0 else None
-            if kl > 0:
-                q += kl
-            head = q
-            vl, q = _zz(b, q)
-            value = b[q : q + vl] if vl >= 0 else None
-            vend = q + max(vl, 0)
+        for span in record_spans(b, p, count, len(b)):
+            start, _, end, _, tsd, od, key, key_end, at, value_end, header_count = span
             if od < min_delta:
                 edited = True  # before the fetch offset
-                p = rend
                 continue
+            value = b[at:value_end] if at >= 0 else None
             if meta is not None:
-                meta.key = key
+                meta.key = b[key:key_end] if key >= 0 else None
                 meta.offset = base_offset + od
                 meta.timestamp = max_ts if append_time else base_ts + tsd
-                meta.headers = _headers(b[vend:rend]) if b[vend] else ()
+                meta.headers = _headers(b, value_end, end) if header_count else ()
             try:
                 result = tf(loads(value) if value is not None else None, meta, ctx)
                 if result is None:
                     edited = True
                 elif result is KEEP and not recode:
-                    out += b[rec:rend]
+                    out += b[start:end]
                     kept += 1
                 else:
                     if result is KEEP:
                         result = loads(value) if value is not None else None
-                    nv = dumps(result, default=_json_default)
-                    ln = len(nv)
-                    vlb = _ZZ[ln + 1] if ln < _ZZ_N else _varint(ln)
-                    size = head - p + len(vlb) + ln + rend - vend
-                    out += _ZZ[size + 1] if size < _ZZ_N else _varint(size)
-                    out += b[p:head]
-                    out += vlb
-                    out += nv
-                    out += b[vend:rend]
+                    write_record(out, b, span, dumps(result, default=_json_default))
                     kept += 1
                     edited = True
             except (ValueError, TypeError) as exc:
                 if not drop:
                     raise _Bad(od, _reason(exc), kept) from None
                 edited = True
-            p = rend
-        if p != stop:
-            raise IndexError("records do not fill the batch")
         return kept, edited
 
 
@@ -315,16 +269,9 @@ def next_offset(data: bytes) -> int | None:
     return last
 
 
-def _bad(b: bytes, p: int, exc: BaseException, kept: int) -> _Bad:
-    """The failure of the record whose length ends at ``p`` (FAIL_FETCH), for the generated loops."""
-    return _Bad(_zz(b, _skip(b, p + 1))[0], _reason(exc), kept)
-
-
-def _skip(b: bytes, q: int) -> int:
-    """The position after the varint at ``q``."""
-    while b[q] > 0x7F:
-        q += 1
-    return q + 1
+def _bad(delta: int, exc: BaseException, kept: int) -> _Bad:
+    """The failure of the record at offset delta ``delta`` (FAIL_FETCH), for the generated loops."""
+    return _Bad(delta, _reason(exc), kept)
 
 
 def _reason(exc: BaseException) -> str:
@@ -340,44 +287,3 @@ def _json_default(value: Any) -> Any:
     if isinstance(value, set | frozenset):
         return sorted(value, key=str)
     return str(value)
-
-
-def _records_area(data: bytes, pos: int, end: int, attributes: int) -> tuple[bytes, int, int]:
-    """The (decompressed) records of a batch: (buffer, start, stop)."""
-    codec = attributes & 7
-    if codec == NONE:
-        return data, pos + HEADER_SIZE, end
-    body = decompress(codec, memoryview(data)[pos + HEADER_SIZE : end])
-    return body, 0, len(body)
-
-
-def _assemble(h: tuple[int, ...], attributes: int, last_delta: int, body: bytes | bytearray, count: int) -> bytes:
-    """A batch with the header fields of ``h``, these records and this lastOffsetDelta (CRC computed).
-
-    ``maxTimestamp`` stays the original's: it still bounds the kept records, and with LogAppendTime
-    it is every record's timestamp."""
-    if not count:
-        attributes &= ~7
-        body = b""
-    elif attributes & 7:
-        body = compress(attributes & 7, body)
-    tail = _TAIL.pack(attributes, last_delta, h[7], h[8], h[9], h[10], h[11], count)
-    crc = crc32c(body, crc32c(tail))
-    return b"".join((_PREFIX.pack(h[0], _LENGTH_FLOOR + len(body), h[2], 2, crc), tail, body))
-
-
-def _empty(
-    base_offset: int,
-    last_delta: int,
-    leader_epoch: int,
-    base_ts: int,
-    max_ts: int,
-    producer_id: int,
-    producer_epoch: int,
-    base_sequence: int,
-    attributes: int,
-) -> bytes:
-    """An empty magic-2 batch covering ``base_offset .. base_offset + last_delta``."""
-    h = (base_offset, 0, leader_epoch, 2, 0, attributes, last_delta, base_ts, max_ts, producer_id, producer_epoch,
-         base_sequence, 0)  # fmt: skip
-    return _assemble(h, attributes, last_delta, b"", 0)

@@ -28,8 +28,8 @@ from kanal_dataquality.policies import build_plan, compile_policy
 from kanal_dataquality.rules import compile_rule, enforce_avro
 from test_dq_gateway import Http, cel_rule, consume_direct, create_topic, headers_of, unique, wait_for
 
+from kanal.api import Record
 from kanal.embedded import GatewayProcess, TansuBroker
-from kanal.protocol.records import Record
 
 pytestmark = pytest.mark.integration
 

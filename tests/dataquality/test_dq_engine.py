@@ -1,14 +1,17 @@
-"""The data-quality engine without a network: manifests, plans, the record loop, actions, history, alerts.
+"""The data-quality engine without a network: manifests, plans, the record loop, actions, history, alerts,
+and the plugin's wiring (its runtime in ``services.shared``, the interceptor it installs).
 
 Record sets are built with the gateway's own codec (``encode_batch``), hooks are called the way the
-core calls them, and what would be forwarded is parsed back.
+core calls them (the config validated first), and what would be forwarded is parsed back. Services are
+a small stub here (``kanal.testing`` had no ``FakeServices`` yet when this was written).
 """
 
 from __future__ import annotations
 
 import json
 import random
-from typing import Any
+from collections.abc import Mapping
+from typing import Any, cast
 
 import orjson
 import pytest
@@ -25,13 +28,28 @@ from kanal_dataquality.interceptor import DataQualityInterceptor
 from kanal_dataquality.metrics import DataQualityMetrics
 from kanal_dataquality.policies import build_plan, compile_policy, order_policies
 from kanal_dataquality.resources import Checks, canonical_alert, canonical_policy, canonical_rule, resource_kinds
-from kanal_dataquality.runtime import Runtime
+from kanal_dataquality.runtime import RUNTIME, Runtime
 from kanal_dataquality.settings import Settings, load_settings
 
-from kanal.admin.resources import ResourceError
-from kanal.pipeline.context import Connection, RecordsContext
-from kanal.pipeline.results import PartitionError
-from kanal.protocol.records import GZIP, LZ4, NONE, SNAPPY, ZSTD, Record, RecordSet, encode_batch
+from kanal.api import (
+    GZIP,
+    LZ4,
+    NONE,
+    SNAPPY,
+    ZSTD,
+    Connection,
+    GatewayServices,
+    InterceptorConfigError,
+    InterceptorSpec,
+    PartitionError,
+    Record,
+    RecordsContext,
+    RecordSet,
+    ResourceError,
+    encode_batch,
+)
+from kanal.api.interceptor import validate_config
+from kanal.testing import FakeServices
 
 CONNECTION = Connection(id=1, client_address="10.0.0.1:5000", listener_address="127.0.0.1:9092", node_id=111)
 
@@ -77,8 +95,19 @@ RULES = [
 ]
 
 
+def fake_services(env: Mapping[str, str] | None = None, cluster_id: str = "gateway") -> FakeServices:
+    """The gateway as the plugin sees it, without a network (kanal.testing)."""
+    return FakeServices(settings=env, cluster_id=cluster_id)
+
+
+def make_interceptor(config: dict[str, Any], services: FakeServices | None = None) -> DataQualityInterceptor:
+    """As the core makes one: the config validated against the type's, then the constructor."""
+    validated = validate_config(DataQualityInterceptor, config)
+    return DataQualityInterceptor(validated, cast(GatewayServices, services or fake_services()))
+
+
 def interceptor(*policies: dict[str, Any]) -> DataQualityInterceptor:
-    return DataQualityInterceptor({"rules": RULES, "policies": list(policies)})
+    return make_interceptor({"rules": RULES, "policies": list(policies)})
 
 
 def produce(
@@ -218,7 +247,7 @@ def test_settings() -> None:
     )
     assert settings.registry_url == "http://registry:8081" and settings.flush_interval == 5.0
     assert settings.clusters["legacy"].bootstrap_servers == "a:9092"
-    from kanal.config.errors import ConfigError
+    from kanal.api.errors import ConfigError
 
     with pytest.raises(ConfigError, match="DATA_QUALITY_COUNTS_FLUSH_INTERVAL"):
         load_settings({"DATA_QUALITY_COUNTS_FLUSH_INTERVAL": "2m"})
@@ -363,7 +392,7 @@ def test_scanner_matches_the_codec(codec: int) -> None:
         for actions in ({"mark": True}, {"block": True}):
             plan_policy = compile_policy(
                 canonical_policy(policy("p", names, **actions), KINDS["DataQualityPolicy"], STATE, CHECKS),
-                Runtime(Settings(), register=False).compile_rules(STATE.resources("DataQualityRule")),
+                Runtime(Settings()).compile_rules(STATE.resources("DataQualityRule")),
                 frozenset(),
             )
             plan = build_plan([plan_policy])
@@ -392,7 +421,7 @@ def test_scanner_on_arbitrary_records(
 ) -> None:
     records = [Record(offset_delta=i, key=k, value=v, headers=h) for i, (v, k, h) in enumerate(items)]
     data = encode_batch(records, base_timestamp=1)
-    rules = Runtime(Settings(), register=False).compile_rules(STATE.resources("DataQualityRule"))
+    rules = Runtime(Settings()).compile_rules(STATE.resources("DataQualityRule"))
     plan = build_plan([compile_policy(policy("p", ["web", "keyed", "shape"], mark=True), rules, frozenset())])
     scanned = scan_batches(plan, RecordSet.parse(data).batches)
     reference = evaluate(plan, RecordSet.parse(data).batches[0].records())
@@ -490,3 +519,127 @@ def test_cli_local(capsys: pytest.CaptureFixture[str]) -> None:
     out = capsys.readouterr()
     assert out.out.splitlines()[:2] == ["passed", "failed: test-rule did not pass"]
     assert "evaluation error: invalid CEL expression" in out.out and "--local tests inline rules only" in out.err
+
+
+# -- the plugin's wiring -----------------------------------------------------------------------------------
+
+
+def test_the_plugin_builds_one_runtime_per_gateway_from_its_settings() -> None:
+    from kanal_dataquality import plugin
+
+    from kanal.api import ConfigError
+
+    services = fake_services(
+        {"DATA_QUALITY_PRIORITY": "7", "SCHEMA_REGISTRY_URL": "http://registry:8081/", "GATEWAY_X": "1"}, "gw"
+    )
+    gateway = cast(GatewayServices, services)
+    assert [k.kind for k in plugin.kanal_admin_resources(gateway)] == ["DataQualityRule", "DataQualityPolicy", "Alert"]
+    runtime = services.shared[RUNTIME]
+    assert runtime.settings.priority == 7 and runtime.settings.registry_url == "http://registry:8081"
+    assert runtime.gateway_cluster == "gw"
+    assert len(plugin.kanal_gateway_services(gateway)) == 1 and services.shared[RUNTIME] is runtime
+    other = fake_services()
+    plugin.kanal_admin_resources(cast(GatewayServices, other))
+    assert other.shared[RUNTIME] is not runtime and other.shared[RUNTIME].settings.priority == 100
+    with pytest.raises(ConfigError, match="DATA_QUALITY_PRIORITY"):
+        plugin.kanal_admin_resources(cast(GatewayServices, fake_services({"DATA_QUALITY_PRIORITY": "first"})))
+
+
+def test_a_policy_installs_the_interceptor_and_its_deletion_removes_it() -> None:
+    from kanal_dataquality import plugin
+
+    services = fake_services({"DATA_QUALITY_PRIORITY": "42"})
+    kinds = {k.kind: k for k in plugin.kanal_admin_resources(cast(GatewayServices, services))}
+    runtime: Runtime = services.shared[RUNTIME]
+    rules = STATE.resources("DataQualityRule")
+    blocking = canonical_policy(policy("p", ["positive"], block=True), KINDS["DataQualityPolicy"], STATE, CHECKS)
+    kinds["DataQualityRule"].apply(rules, State(DataQualityRule=rules))
+    assert services.installed == []  # rules alone: nothing to enforce, Produce is not even decoded
+    statuses = kinds["DataQualityPolicy"].apply([blocking], State(DataQualityRule=rules, DataQualityPolicy=[blocking]))
+    assert statuses is not None and statuses[("p",)].state == "Ready"
+    assert services.installed == [
+        [InterceptorSpec(name="data-quality", plugin="data-quality", priority=42, config={"managed": True})]
+    ]
+    managed = make_interceptor(dict(services.installed[-1][0].config), services)
+    result, _ = produce(managed, [GOOD, NEGATIVE])
+    assert isinstance(result, PartitionError) and "'p'" in (result.message or "")
+    assert managed._runtime is runtime and len(runtime.history.violations("p", 60)) == 1
+    assert not managed.wants_produce_records("other")
+    kinds["DataQualityPolicy"].apply([], State(DataQualityRule=rules))
+    assert services.installed[-1] == []
+
+
+def test_interceptor_config_errors_name_the_field() -> None:
+    def refused(config: dict[str, Any], why: str) -> None:
+        with pytest.raises(InterceptorConfigError) as raised:
+            make_interceptor(config)
+        assert str(raised.value).startswith(why), str(raised.value)
+
+    one = [policy("p", ["positive"])]
+    refused({"rules": RULES, "policies": one, "colour": "red"}, "colour: unknown key")
+    refused({"rules": RULES}, "policies: expected a non-empty list")
+    refused({"rules": RULES, "policies": []}, "policies: expected a non-empty list")
+    refused({"rules": "positive", "policies": one}, "rules: Expected `array`")
+    refused({"clusterId": "", "rules": RULES, "policies": one}, "clusterId:")
+    refused({"rules": [rule("bad", "value.a >")], "policies": one}, "rules[0]: rule 'bad': invalid CEL expression")
+    refused({"managed": True, "policies": one}, "rules, policies: not with managed")
+
+
+def test_aclose_closes_what_the_interceptor_holds_not_the_shared_runtime() -> None:
+    from kanal_dataquality import plugin
+
+    alone = interceptor(policy("p", ["positive"]))
+    own = alone._resolve()
+    assert own.helper is not None and own.helper.usable
+    trio.run(alone.aclose)
+    assert own.helper is None  # its helper process is closed
+
+    services = fake_services()
+    plugin.kanal_admin_resources(cast(GatewayServices, services))
+    shared = services.shared[RUNTIME]
+    hosted = make_interceptor({"rules": RULES, "policies": [policy("p", ["positive"])]}, services)
+    produce(hosted, [NEGATIVE])
+    assert hosted._runtime is shared and shared.inline_policies  # reports to the plugin's runtime
+    assert len(shared.history.violations("p", 60)) == 1
+    trio.run(hosted.aclose)
+    assert shared.helper is not None and shared.helper.usable
+
+
+def test_test_rule_command_asks_the_admin_api_through_the_cli_context(capsys: pytest.CaptureFixture[str]) -> None:
+    import argparse
+
+    from kanal_dataquality import plugin
+
+    from kanal.api import CliContext, CliError
+
+    calls: list[tuple[Any, ...]] = []
+
+    class Client:
+        def call(self, method: str, path: str, body: Any = None, query: dict[str, str] | None = None) -> Any:
+            calls.append((method, path, body))
+            if body["rule"] == "missing":
+                raise CliError("DataQualityRule 'missing' does not exist")
+            return {"rule": body["rule"], "result": "failed", "message": "too small", "reason": "$.a"}
+
+    class Cli:
+        def admin_client(self, url: str | None, user: str | None, password: str | None) -> Client:
+            calls.append((url, user, password))
+            return Client()
+
+    parser = argparse.ArgumentParser(prog="kanal")
+    plugin.kanal_cli_commands(parser.add_subparsers(dest="command"), cast(CliContext, Cli()))
+
+    def run(*argv: str) -> int:
+        args = parser.parse_args(argv)
+        code: int = args.func(args)
+        return code
+
+    assert run("test-rule", "--rule", "positive", "--value", '{"a": 0}', "--url", "http://gw:1", "--user", "u") == 2
+    assert calls == [
+        ("http://gw:1", "u", None),  # unset: the context falls back to KANAL_URL, KANAL_USER, KANAL_PASSWORD
+        ("POST", "/gateway/v2/data-quality/test-rule", {"rule": "positive", "value": '{"a": 0}'}),
+    ]
+    assert run("test-rule", "--rule", "missing", "--value", "{}") == 1
+    out = capsys.readouterr()
+    assert out.out == "failed: too small ($.a)\n"
+    assert "kanal: DataQualityRule 'missing' does not exist" in out.err

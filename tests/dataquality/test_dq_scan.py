@@ -1,7 +1,9 @@
 """The generated record loop against the gateway's codec: headers read by name, pasted rule checks.
 
-``scan_batches`` walks the batch bytes itself (``kanal_dataquality.scan``); ``evaluate`` on
-``RecordBatch.records()`` is the reference. Both must find the same violations.
+``scan_batches`` reads the batch bytes through the core's record walk (``kanal_dataquality.scan``:
+``record_values``, or ``record_spans`` when rules read the key or headers); ``evaluate`` on
+``RecordBatch.records()`` is the reference. Both must find the same violations, with the compiled walk
+and with its pure-Python reference.
 """
 
 from __future__ import annotations
@@ -20,8 +22,8 @@ from kanal_dataquality.policies import Plan, build_plan, compile_policy
 from kanal_dataquality.rules import compile_rule
 from kanal_dataquality.scan import compile_scanner
 
-from kanal.protocol.records import Record, RecordSet, encode_batch
-from kanal.protocol.records.values import python_record_values, record_values
+from kanal.api import Record, RecordSet, encode_batch, record_spans, record_values
+from kanal.protocol.records.values import python_record_spans, python_record_values
 
 LONG = "h" * 70  # a name whose length takes a two-byte varint
 RULES = {
@@ -29,6 +31,9 @@ RULES = {
     "long": compile_rule(
         "long", {"type": "Cel", "celExpression": f"!('{LONG}' in headers) || headers['{LONG}'] != ''"}
     ),
+    "keyed": compile_rule("keyed", {"type": "Cel", "celExpression": "key != 'bad' && key != 7"}),
+    "few": compile_rule("few", {"type": "Cel", "celExpression": "size(headers) < 2"}),
+    "pair": compile_rule("pair", {"type": "Cel", "celExpression": "!('a' in headers && headers['x'] == 'web')"}),
     "amount": compile_rule("amount", {"type": "Cel", "celExpression": "value.amount > 0 && value.c in ['EUR', 'USD']"}),
     "euro": compile_rule(
         "euro", {"type": "Cel", "celExpression": "value.c.matches('^(EUR|GBP)$') && value.amount < 9"}
@@ -144,14 +149,43 @@ def test_rules_on_values_read_them_from_the_record_walk(walk: Any, monkeypatch: 
     assert counts == [6]  # one call for the batch
 
 
-def test_without_the_compiled_walk_the_loop_walks_records_itself(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(scan, "record_values", python_record_values)
-    plan = plan_of("amount", "shape")
-    assert "values" not in compile_scanner(plan).__code__.co_names
-    records = [Record(offset_delta=0, value=b'{"amount": 1, "c": "EUR"}'), Record(offset_delta=1)]
-    data = encode_batch(records, base_timestamp=1)
-    found, expected = violations(plan, data)
-    assert found == expected == [(1, (0, 1))]
+_KEYS = st.sampled_from([None, b"", b"k", b"bad", b'"bad"', b"7", b"\xff\xfe", b"{", b"k" * 70])
+
+
+@pytest.mark.parametrize("walk", [python_record_spans, record_spans])
+@settings(max_examples=100, deadline=None)
+@given(
+    records=st.lists(st.tuples(_KEYS, _VALUES, HEADERS), min_size=1, max_size=12),
+    rules=st.sampled_from([("keyed",), ("few",), ("pair",), ("keyed", "web", "amount"), ("few", "pair", "shape")]),
+)
+def test_key_and_headers_are_read_from_the_record_spans(
+    walk: Any, records: list[tuple[bytes | None, bytes | None, list[tuple[str, bytes | None]]]], rules: tuple[str, ...]
+) -> None:
+    """Rules reading the key or headers (any, one or two names) read them from the spans of the record
+    walk, one call per batch, and decide as on the codec's records."""
+    calls: list[int] = []
+
+    def counted(*args: Any) -> Any:
+        calls.append(args[2])
+        return walk(*args)
+
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        monkeypatch.setattr(scan, "record_spans", counted)
+        plan = plan_of(*rules)
+        data = encode_batch(
+            [Record(offset_delta=i, key=k, value=v, headers=h) for i, (k, v, h) in enumerate(records)],
+            base_timestamp=1,
+        )
+        found, expected = violations(plan, data)
+    assert found == expected
+    assert calls == [len(records)]
+
+
+def test_a_key_rule_reads_null_text_and_json_keys() -> None:
+    keys = [None, b"bad", b'"bad"', b"7", b"ok", b"\xff"]
+    data = encode_batch([Record(offset_delta=i, key=k, value=b"{}") for i, k in enumerate(keys)], base_timestamp=1)
+    found, expected = violations(plan_of("keyed"), data)
+    assert found == expected == [(1, (0,)), (2, (0,))]  # "bad" as text and as JSON; "7" is text
 
 
 def test_rule_checks_are_pasted_into_the_loop() -> None:

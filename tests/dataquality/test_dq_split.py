@@ -21,10 +21,19 @@ from kanal_dataquality.batches import check_part, new_helper, scan_batches, scan
 from kanal_dataquality.evaluate import BatchResult
 from kanal_dataquality.policies import Plan, build_plan, compile_policy, order_policies
 from kanal_dataquality.rules import compile_rule
-from kanal_dataquality.scan import skip_records
 
-from kanal.parallel import HelperProcess
-from kanal.protocol.records import LZ4, NONE, Record, RecordBatch, RecordSet, encode_batch, records_area, zigzag_bytes
+from kanal.api import (
+    LZ4,
+    NONE,
+    HelperProcess,
+    Record,
+    RecordBatch,
+    RecordSet,
+    encode_batch,
+    encode_varint,
+    records_area,
+    skip_records,
+)
 
 RULES = {
     "positive": compile_rule("positive", {"type": "Cel", "celExpression": "value.amount > 0"}),
@@ -144,9 +153,9 @@ def test_a_batch_the_loop_cannot_walk_goes_to_the_codec(helper: HelperProcess) -
     data = bytearray(batch_of(values_with({}, 400)).to_bytes())
     # the tenth record's length one byte short: the fields no longer fill it (the codec refuses it too)
     start = 61
-    p = skip_records(bytes(data), start, 9)
+    p = skip_records(bytes(data), start, 9, len(data))
     length = (data[p] & 0x7F | data[p + 1] << 7) >> 1
-    data[p : p + 2] = zigzag_bytes(length - 1)
+    data[p : p + 2] = encode_varint(length - 1)
     broken = RecordSet.parse(bytes(data)).batches
     with pytest.raises(ValueError) as one_pass:
         scan_batches(MARK, broken)
@@ -169,9 +178,11 @@ def test_without_the_helper_process_the_gateway_does_it_all(helper: HelperProces
 
 def test_skip_records_follows_length_prefixes() -> None:
     lengths = [1, 5, 63, 64, 100, 8191, 8192, 100_000, 3]
-    data = b"".join(zigzag_bytes(n) + b"x" * n for n in lengths)
+    data = b"".join(encode_varint(n) + b"x" * n for n in lengths)
     for k in range(len(lengths) + 1):
-        assert skip_records(data, 0, k) == sum(len(zigzag_bytes(n)) + n for n in lengths[:k])
+        assert skip_records(data, 0, k, len(data)) == sum(len(encode_varint(n)) + n for n in lengths[:k])
     for bad in (0, -1, -100, -100_000):
         with pytest.raises(ValueError):
-            skip_records(zigzag_bytes(bad) + b"xx", 0, 1)
+            skip_records(encode_varint(bad) + b"xx", 0, 1, 3)
+    with pytest.raises(ValueError):  # the last record runs past the end given
+        skip_records(data, 0, len(lengths), len(data) - 1)

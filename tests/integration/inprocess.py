@@ -13,10 +13,10 @@ from typing import Any
 
 import trio
 
+from kanal.api.interceptor import InterceptorSpec
 from kanal.config.settings import build_settings
 from kanal.embedded import TansuBroker, free_port_block
 from kanal.gateway import Gateway
-from kanal.pipeline.interceptor import InterceptorSpec
 from kanal.pipeline.registry import PluginRegistry
 
 

@@ -30,6 +30,7 @@ from wire import WireClient, metadata_request
 from kanal.cli import main as kanal_main
 from kanal.embedded import GatewayProcess, TansuBroker
 from kanal.embedded.admin_http import AdminHttp as Http
+from kanal.protocol.records import record_walker
 
 pytestmark = pytest.mark.integration
 
@@ -44,10 +45,17 @@ from typing import Any, ClassVar
 import trio
 from quart import request
 
-from kanal.admin.resources import ResourceKind, check_envelope, envelope, invalid
-from kanal.pipeline.hookspecs import hookimpl
-from kanal.pipeline.interceptor import Interceptor, InterceptorConfigError
-from kanal.protocol.api import ApiKey
+from kanal.api import (
+    ApiKey,
+    GatewayServices,
+    Interceptor,
+    InterceptorConfigError,
+    ResourceKind,
+    check_envelope,
+    envelope,
+    hookimpl,
+    invalid,
+)
 
 
 class ClusterIdTag(Interceptor):
@@ -56,8 +64,8 @@ class ClusterIdTag(Interceptor):
     plugin_name: ClassVar[str] = "cluster-id-tag"
     response_api_keys: ClassVar[frozenset[int] | None] = frozenset({ApiKey.METADATA})
 
-    def __init__(self, config: Any) -> None:
-        super().__init__(config)
+    def __init__(self, config: Any, services: GatewayServices) -> None:
+        super().__init__(config, services)
         if not isinstance(self.config.get("clusterId"), str):
             raise InterceptorConfigError("clusterId: required, a string")
 
@@ -84,7 +92,7 @@ def kanal_interceptor_types() -> list[type[Interceptor]]:
 
 
 @hookimpl
-def kanal_admin_resources(gateway: Any) -> list[ResourceKind]:
+def kanal_admin_resources(services: Any) -> list[ResourceKind]:
     return [NOTE]
 
 
@@ -195,7 +203,8 @@ def test_crud_over_http_and_the_interceptor_reaches_kafka_clients(node: tuple[Ga
 
     assert http.call("DELETE", "/gateway/v2/interceptor/tag", {})[0] == 204
     assert cluster_id_seen(gateway.bootstrap) == original
-    assert http.get("/versions", user=None)[1]["gateway"]
+    versions = http.get("/versions", user=None)[1]
+    assert versions["gateway"] and versions["recordWalker"] == record_walker()
     assert "/gateway/v2/note/{name}" in http.get("/openapi.json", user=None)[1]["paths"]
 
 
@@ -358,8 +367,8 @@ def test_without_users_the_admin_api_is_refused_with_a_hint(gateway: GatewayProc
 
 
 def test_compacted_log_round_trip(tansu: TansuBroker) -> None:
-    from kanal.admin.kafka_log import CompactedLog
     from kanal.config.upstream import parse_upstream
+    from kanal.net.state_log import CompactedLog
 
     topic = f"_kanal_log-test-{uuid.uuid4().hex[:8]}_resources"
     upstream = parse_upstream({"KAFKA_BOOTSTRAP_SERVERS": tansu.bootstrap}, {})
@@ -385,8 +394,8 @@ def test_compacted_log_round_trip(tansu: TansuBroker) -> None:
 def test_a_compacted_log_is_shared_by_tasks(tansu: TansuBroker) -> None:
     """One log used by several tasks at once (the registry proxy heartbeats while it acknowledges
     commands on the same events topic): calls take turns on its one connection."""
-    from kanal.admin.kafka_log import CompactedLog
     from kanal.config.upstream import parse_upstream
+    from kanal.net.state_log import CompactedLog
 
     topic = f"_kanal_log-test-{uuid.uuid4().hex[:8]}_shared"
     upstream = parse_upstream({"KAFKA_BOOTSTRAP_SERVERS": tansu.bootstrap}, {})

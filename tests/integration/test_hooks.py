@@ -12,11 +12,11 @@ from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 from inprocess import bootstrap_of, inprocess_gateway
 
+from kanal.api.context import Connection, RecordsContext, RequestContext
+from kanal.api.hookspecs import hookimpl
+from kanal.api.interceptor import Interceptor, InterceptorSpec
+from kanal.api.results import PartitionError, Reject
 from kanal.embedded import TansuBroker
-from kanal.pipeline.context import Connection, RecordsContext, RequestContext
-from kanal.pipeline.hookspecs import hookimpl
-from kanal.pipeline.interceptor import Interceptor, InterceptorSpec
-from kanal.pipeline.results import PartitionError, Reject
 
 pytestmark = pytest.mark.integration
 

@@ -9,7 +9,7 @@ import pytest
 from kanal_registry_proxy.testing import TestRegistry
 from kanal_registry_proxy.testing.proxy import ProxyThread, credentials_file, license_pair
 
-from registry_proxy.srp_helpers import USERS
+from registry_proxy.srp_helpers import USERS, command_line
 
 
 @pytest.fixture(scope="session")
@@ -49,7 +49,8 @@ def make_proxy(base_env: dict[str, str]) -> Iterator[Callable[..., ProxyThread]]
     started: list[ProxyThread] = []
 
     def make(**overrides: str) -> ProxyThread:
-        proxy = ProxyThread({**base_env, **overrides}).start()
+        env = {**base_env, **overrides}
+        proxy = ProxyThread(env, cli=command_line(env)).start()
         started.append(proxy)
         return proxy
 

@@ -16,10 +16,8 @@ from typing import Any
 
 import trio
 from kanal_registry_proxy.acl import AclBinding
-from kio.schema.errors import ErrorCode
 
-from kanal.protocol.api import response_class
-from kanal.protocol.entities import build, nested
+from kanal.api import ErrorCode, build, nested, response_class
 from kanal.protocol.messages import decode_request, encode_response
 
 

@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import base64
 import json
+from collections.abc import Mapping
 from typing import Any
 
 from kanal_registry_proxy.authorization import ReactiveMode
 from kanal_registry_proxy.reactive import PermissionStore, application_instance
 from kanal_registry_proxy.testing.proxy import ProxyThread
+
+from kanal.admin.cli import CommandLine
+from kanal.api import CliContext
 
 USERS = {"alice": "alice-pass", "bob": "bob-pass", "root": "root-pass"}
 
@@ -41,3 +45,8 @@ def reactive(proxy: ProxyThread, grants: dict[str, list[tuple[str, str, list[str
         store.apply(*application_instance(f"app-{account}", account, resources))
     proxy.service.authorization.mode = ReactiveMode(store, None)
     return store
+
+
+def command_line(env: Mapping[str, str]) -> CliContext:
+    """What ``kanal registry-proxy`` gets from ``kanal`` in the environment ``env``."""
+    return CommandLine(env)

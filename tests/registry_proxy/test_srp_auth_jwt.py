@@ -17,7 +17,7 @@ from cryptography.hazmat.primitives.asymmetric import ed25519, rsa
 from kanal_registry_proxy.settings import load_settings
 from kanal_registry_proxy.testing.proxy import ProxyThread
 
-from kanal.config.errors import ConfigError
+from kanal.api.errors import ConfigError
 from registry_proxy.srp_helpers import register
 
 ISSUER = "https://idp.example/realms/kafka"

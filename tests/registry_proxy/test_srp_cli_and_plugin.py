@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import httpx
@@ -13,14 +12,14 @@ import pytest
 import trio
 from kanal_registry_proxy import plugin
 from kanal_registry_proxy.license import issue, verify
+from kanal_registry_proxy.reactive import application_instance
 from kanal_registry_proxy.testing import TestRegistry
-from prometheus_client import CollectorRegistry
 
+from kanal.api import ConfigError
 from kanal.cli import main
-from kanal.config.errors import ConfigError
-from kanal.config.upstream import UpstreamSettings
 from kanal.embedded import GatewayProcess, free_port
 from kanal.pipeline.registry import PluginRegistry
+from kanal.testing import FakeServices
 from registry_proxy.srp_helpers import basic, register
 
 
@@ -103,42 +102,79 @@ def test_the_plugin_adds_a_gateway_service_only_when_enabled(
 ) -> None:
     registry = PluginRegistry()
     registry.register(plugin, "registry-proxy")
-    gateway: Any = SimpleNamespace(
-        settings=SimpleNamespace(upstream=UpstreamSettings()), metrics=SimpleNamespace(registry=CollectorRegistry())
-    )
-    for key, value in {**base_env, "SRP_HTTP_PORT": str(free_port()), "SRP_BIND_HOST": "127.0.0.1"}.items():
-        monkeypatch.setenv(key, value)
-    monkeypatch.delenv("SRP_ENABLED", raising=False)
-    assert registry.manager.hook.kanal_gateway_services(gateway=gateway) == [[]]
-    monkeypatch.setenv("SRP_ENABLED", "true")
-    [services] = registry.manager.hook.kanal_gateway_services(gateway=gateway)
-    assert len(services) == 1
+    port = free_port()
+    env = {**base_env, "SRP_HTTP_PORT": str(port), "SRP_BIND_HOST": "127.0.0.1"}
+    for key in env:  # the plugin reads the gateway's settings, not the process environment
+        monkeypatch.delenv(key, raising=False)
+    assert registry.manager.hook.kanal_gateway_services(services=FakeServices(settings=env)) == [[]]
+    services = FakeServices(settings={**env, "SRP_ENABLED": "true"})
+    [found] = registry.manager.hook.kanal_gateway_services(services=services)
+    assert len(found) == 1
 
     async def run() -> None:
         async with trio.open_nursery() as nursery:
-            await nursery.start(services[0], gateway)
-            url = f"http://127.0.0.1:{base_env_port()}"
+            await nursery.start(found[0])
             async with httpx.AsyncClient() as client:  # type: ignore[attr-defined]
-                response = await client.get(f"{url}/subjects", headers=basic("alice"))
+                response = await client.get(f"http://127.0.0.1:{port}/subjects", headers=basic("alice"))
             assert response.status_code == 200
             nursery.cancel_scope.cancel()
-
-    def base_env_port() -> str:
-        import os
-
-        return os.environ["SRP_HTTP_PORT"]
 
     trio.run(run)
     # the proxy's metrics live in the gateway's registry
     assert (
-        gateway.metrics.registry.get_sample_value(
+        services.metrics.get_sample_value(
             "srp_http_requests_total", {"route": "/subjects", "method": "GET", "status": "200"}
         )
         == 1.0
     )
-    monkeypatch.setenv("AUTH_PROVIDER", "")
     with pytest.raises(ConfigError, match="AUTH_PROVIDER"):  # kanal run then stops with a configuration error
-        registry.manager.hook.kanal_gateway_services(gateway=gateway)
+        registry.manager.hook.kanal_gateway_services(
+            services=FakeServices(settings={**env, "SRP_ENABLED": "true", "AUTH_PROVIDER": ""})
+        )
+
+
+def test_the_hosted_proxy_keeps_its_permissions_in_the_gateways_state_logs(base_env: dict[str, str]) -> None:
+    registry = PluginRegistry()
+    registry.register(plugin, "registry-proxy")
+    port = free_port()
+    env = {
+        **base_env,
+        "SRP_ENABLED": "true",
+        "SRP_HTTP_PORT": str(port),
+        "SRP_BIND_HOST": "127.0.0.1",
+        "AUTHORIZATION_MODE": "reactive",
+        "SRP_COMMANDS_TOPIC": "_cmds",
+        "SRP_INSTANCE_ID": "proxy-1",
+    }
+    services = FakeServices(settings=env)  # no KAFKA_BOOTSTRAP_SERVERS: the gateway's own cluster
+    [found] = registry.manager.hook.kanal_gateway_services(services=services)
+    assert sorted(services.logs) == ["_cmds", "_vendor_srp_events"]
+    url = f"http://127.0.0.1:{port}/subjects/orders-value/versions"
+
+    async def run() -> None:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(found[0])
+            async with httpx.AsyncClient() as client:  # type: ignore[attr-defined]
+                assert (await client.get(url, headers=basic("alice"))).status_code == 403
+                commands = services.logs["_cmds"]
+                await commands.append(*application_instance("orders", "alice", [("LITERAL", "orders-value", ["Read"])]))
+                with trio.fail_after(10):  # applied without a restart
+                    while (await client.get(url, headers=basic("alice"))).status_code != 404:
+                        await trio.sleep(0.05)
+            nursery.cancel_scope.cancel()
+
+    trio.run(run)
+    events = {record.key: record.value for record in services.logs["_vendor_srp_events"].records}
+    assert b"command/schema-registry-proxy/proxy-1/ApplicationInstance/orders" in events
+    assert b'"type":"Stopped"' in (events[b"heartbeat/schema-registry-proxy/proxy-1"] or b"")
+
+
+def test_permission_commands_need_a_cluster(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.delenv("KAFKA_BOOTSTRAP_SERVERS", raising=False)
+    assert main(["registry-proxy", "permissions", "delete", "orders"]) == 2
+    assert "KAFKA_BOOTSTRAP_SERVERS" in capsys.readouterr().err
 
 
 @pytest.mark.integration

@@ -13,9 +13,8 @@ import trio
 from kanal_registry_proxy.reactive import CommandError, PermissionStore, application_instance, parse_command
 from kanal_registry_proxy.testing.proxy import ProxyThread, wait_until
 
-from kanal.admin.kafka_log import CompactedLog
-from kanal.config.upstream import UpstreamSettings, parse_servers
-from registry_proxy.srp_helpers import basic, register
+from kanal.api import StateLog
+from registry_proxy.srp_helpers import basic, command_line, register
 
 
 def test_commands_are_validated() -> None:
@@ -53,12 +52,12 @@ def test_permission_store_union_and_matching() -> None:
     assert store.allowed("svc", "Write", "payments-value")  # a refused command keeps the previous set
 
 
-def kafka(bootstrap: str) -> UpstreamSettings:
-    return UpstreamSettings(bootstrap_servers=parse_servers(bootstrap, "test"))
+def state_log(bootstrap: str, topic: str) -> StateLog:
+    return command_line({"KAFKA_BOOTSTRAP_SERVERS": bootstrap}).state_log(topic)
 
 
 async def publish(bootstrap: str, topic: str, key: bytes, value: bytes | None) -> None:
-    log = CompactedLog(topic, kafka(bootstrap), 10.0)
+    log = state_log(bootstrap, topic)
     try:
         await log.ensure_topic()
         await log.append(key, value)
@@ -67,7 +66,7 @@ async def publish(bootstrap: str, topic: str, key: bytes, value: bytes | None) -
 
 
 async def read_all(bootstrap: str, topic: str) -> list[tuple[bytes, Any]]:
-    log = CompactedLog(topic, kafka(bootstrap), 10.0)
+    log = state_log(bootstrap, topic)
     try:
         end = await log.end_offset()
         offset, found = 0, []

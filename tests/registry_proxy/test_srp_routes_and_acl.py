@@ -22,10 +22,8 @@ from kanal_registry_proxy.acl import (
     topic_of,
 )
 from kanal_registry_proxy.authorization import Authorization, TopicAclMode
-from kio.schema.errors import ErrorCode
 
-from kanal.protocol.api import response_class
-from kanal.protocol.entities import build, nested
+from kanal.api import ErrorCode, UpstreamError, build, nested, require_request_class, response_class
 
 
 @pytest.mark.parametrize(
@@ -165,19 +163,24 @@ def test_acl_rules(bindings: list[AclBinding], op: int, expected: bool) -> None:
 
 
 class FakeKafka:
-    """Answers DescribeAcls from a table, counting requests; ``error``/``hang`` script failures."""
+    """A :class:`kanal.api.KafkaClient` that answers DescribeAcls from a table, counting requests;
+    ``error``/``hang`` script failures; ``describe_acls`` False, a broker without DescribeAcls."""
 
     def __init__(self, bindings: list[AclBinding]) -> None:
         self.bindings = bindings
-        self.versions: dict[int, tuple[int, int]] = {}
+        self.describe_acls = True
         self.calls = 0
         self.error: ErrorCode | None = None
         self.hang = False
         self.gate: trio.Event | None = None
 
-    async def call(self, body: Any) -> Any:
+    def request_class(self, api_key: int) -> Any:
+        if api_key == 29 and not self.describe_acls:
+            raise UpstreamError("the upstream does not support api key 29 at versions 1-3")
+        return require_request_class(api_key, 3)
+
+    async def call(self, body: Any, *, node_id: int | None = None, timeout: float | None = None) -> Any:
         if int(body.__api_key__) == 18:
-            self.versions = {29: (0, 3)}
             return None
         self.calls += 1
         if self.gate is not None:
@@ -185,6 +188,12 @@ class FakeKafka:
         if self.hang:
             await trio.sleep_forever()
         return describe_acls_response(self.bindings, body.resource_name_filter, self.error)
+
+    async def metadata(self, topics: Any = None) -> Any:
+        raise UpstreamError("not scripted")
+
+    async def aclose(self) -> None:
+        pass
 
 
 def describe_acls_response(bindings: list[AclBinding], topic: str | None, error: ErrorCode | None = None) -> Any:
@@ -256,6 +265,20 @@ def test_lookup_timeout_denies() -> None:
             await lookup.bindings("orders")
 
     trio.run(main)
+
+
+def test_a_cluster_without_describe_acls_denies() -> None:
+    kafka = FakeKafka([allow("User:alice", OP_READ)])
+    kafka.describe_acls = False
+    lookup = AclLookup(kafka, cache_ttl=0.5, timeout=5)
+
+    async def main() -> None:
+        assert not await Authorization(TopicAclMode(lookup)).check("alice", "Read", "orders-value")
+        with pytest.raises(AclLookupError, match="does not support api key 29"):
+            await lookup.bindings("orders")
+
+    trio.run(main)
+    assert kafka.calls == 0
 
 
 def test_concurrent_lookups_of_one_topic_are_deduplicated() -> None:

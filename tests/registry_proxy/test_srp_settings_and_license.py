@@ -12,7 +12,7 @@ from kanal_registry_proxy.service import ProxyService
 from kanal_registry_proxy.settings import VARIABLES, load_settings, parse_duration
 from kanal_registry_proxy.testing.proxy import license_pair
 
-from kanal.config.errors import ConfigError
+from kanal.api import ConfigError
 from registry_proxy.srp_helpers import basic
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "registry-proxy.md"
@@ -76,7 +76,9 @@ def test_unknown_mode_and_kafka_requirements(base_env: dict[str, str]) -> None:
     for mode in ("topic-acl", "reactive"):
         with pytest.raises(ConfigError, match="KAFKA_BOOTSTRAP_SERVERS"):
             load_settings(env_of(base_env, AUTHORIZATION_MODE=mode))
-    assert load_settings(env_of(base_env, AUTHORIZATION_MODE="read-only")).kafka is None  # no Kafka needed
+    assert not load_settings(env_of(base_env, AUTHORIZATION_MODE="read-only")).needs_kafka
+    for mode in ("topic-acl", "reactive"):  # hosted by the gateway: its own KAFKA_* settings
+        assert load_settings(env_of(base_env, AUTHORIZATION_MODE=mode), hosted=True).needs_kafka
 
 
 def test_startup_refuses_unset_auth_provider(base_env: dict[str, str]) -> None:

@@ -17,7 +17,7 @@ from kanal_topicviews import fastloop
 from kanal_topicviews.sql import compile_view
 from kanal_topicviews.transform import FetchFailed, Transformer
 
-from kanal.protocol.records import GZIP, NONE, Record, encode_batch
+from kanal.protocol.records import GZIP, NONE, Record, RecordBatch, RecordSet, encode_batch
 
 STATEMENTS = [
     "SELECT id, name, amount FROM t WHERE amount >= 500 AND name <> 'user-7'",
@@ -106,3 +106,26 @@ def test_which_views_get_a_generated_loop() -> None:
         "SELECT record.key AS k FROM t",
     ):
         assert fastloop.build(compile_view(statement), True, bad) is None, statement
+
+
+@pytest.mark.parametrize("statement", [STATEMENTS[0], STATEMENTS[2]])
+def test_a_malformed_batch_with_a_valid_crc_is_unreadable_in_both_loops(statement: str) -> None:
+    """A batch whose records do not add up (here the second record's length one byte short, the CRC
+    made right again) is refused by the record walk: dropped whole, or the fetch fails at its start."""
+    records = [Record(i, 0, None, orjson.dumps({"id": i, "amount": 900, "name": "x"})) for i in range(3)]
+    batch = RecordBatch(encode_batch(records, base_offset=1000, base_timestamp=1))
+    area = bytearray(batch.to_bytes()[61:])
+    second = area[0] // 2 + 1  # the first record's length is one byte: the second record starts there
+    area[second] -= 2  # its length, one less
+    data = batch.with_records(bytes(area), 3)
+    view = compile_view(statement)
+    for inline in (True, False):
+        dropped = RecordSet.parse(Transformer(view, True, inline=inline).fetch(data, 0, 1000)).batches
+        assert [(b.base_offset, b.records_count, b.next_offset) for b in dropped] == [(1000, 0, 1003)]
+        with pytest.raises(FetchFailed) as failed:
+            Transformer(view, False, inline=inline).fetch(data, 0, 1000)
+        assert (failed.value.offset, failed.value.reason, failed.value.records) == (
+            1000,
+            "the record batch is malformed",
+            None,
+        )

@@ -27,6 +27,7 @@ import kanal_topicviews.plugin as plugin
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 from inprocess import bootstrap_of, inprocess_gateway
+from kanal_topicviews.interceptor import PLUGIN_NAME
 from kanal_topicviews.resource import topic_view_kind
 from kanal_topicviews.views import view_topic_id
 
@@ -100,7 +101,7 @@ def setup(tansu: TansuBroker) -> Iterator[Setup]:
         producer.flush(15)  # one batch each: the failing record is not the first of its batch either way
     assert producer.flush(15) == 0
     with inprocess_gateway(tansu, {"topic-views": plugin}, env={"GATEWAY_CLUSTER_ID": CLUSTER_ID}) as gateway:
-        kind = topic_view_kind(gateway)
+        kind = topic_view_kind(gateway.services_for(PLUGIN_NAME))
         statuses = kind.apply(
             [
                 manifest(

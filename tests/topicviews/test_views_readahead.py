@@ -26,7 +26,7 @@ import kanal_topicviews.plugin as plugin
 from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 from inprocess import bootstrap_of, inprocess_gateway
-from kanal_topicviews.interceptor import TopicViewsInterceptor
+from kanal_topicviews.interceptor import PLUGIN_NAME, TopicViewsInterceptor
 from kanal_topicviews.resource import topic_view_kind
 
 from kanal.embedded import TansuBroker
@@ -85,7 +85,9 @@ def setup(tansu: TansuBroker) -> Iterator[Setup]:
                 "onError": {"type": "DROP"},
             },
         }
-        assert {s.state for s in topic_view_kind(gateway).apply([manifest], _NoState()).values()} == {"Ready"}
+        assert {
+            s.state for s in topic_view_kind(gateway.services_for(PLUGIN_NAME)).apply([manifest], _NoState()).values()
+        } == {"Ready"}
         ready = Setup(gateway, view, expected)
         runtime = ready.interceptor().runtime
         assert runtime is not None and runtime.pool is not None

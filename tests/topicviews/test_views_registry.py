@@ -29,6 +29,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from inprocess import bootstrap_of, inprocess_gateway
 from kanal_registry_proxy.testing import TestRegistry
 from kanal_topicviews.connections import ValueDecoders
+from kanal_topicviews.interceptor import PLUGIN_NAME
 from kanal_topicviews.resource import topic_view_kind
 
 from kanal.embedded import TansuBroker
@@ -101,7 +102,7 @@ def test_an_avro_topic_through_a_view(tansu: TansuBroker, registry: TestRegistry
         "GATEWAY_EXTERNAL_CONNECTION_PAYMENTS_SR_CONFIG_BASIC_AUTH_PASSWORD": "pw",
     }
     with inprocess_gateway(tansu, {"topic-views": plugin}) as gateway:
-        kind = topic_view_kind(gateway, ValueDecoders.from_env(env))
+        kind = topic_view_kind(gateway.services_for(PLUGIN_NAME), ValueDecoders.from_env(env))
         view = f"fr-{uuid.uuid4().hex[:6]}"
         body = {
             "apiVersion": "gateway/v2",

@@ -12,17 +12,18 @@ from kanal_topicviews import groups, rewrite
 from kanal_topicviews.connections import ValueDecoders, parse_connections
 from kanal_topicviews.interceptor import PLUGIN_NAME, TopicViewsInterceptor
 from kanal_topicviews.resource import SOURCE, topic_view_kind
+from kanal_topicviews.runtime import RUNTIME, Runtime, shared_runtime
 from kanal_topicviews.sql import compile_view
 from kanal_topicviews.transform import FetchFailed, Transformer
 from kanal_topicviews.views import View, Views, view_topic_id
 from kio.schema.errors import ErrorCode
 
-from kanal.admin.resources import ResourceError
-from kanal.config.errors import ConfigError
+from kanal.api.errors import ConfigError
+from kanal.api.resources import ResourceError
+from kanal.api.results import Reject
 from kanal.config.settings import build_settings
 from kanal.gateway import Gateway
 from kanal.pipeline.registry import PluginRegistry
-from kanal.pipeline.results import Reject
 from kanal.protocol.api import request_class, response_class
 from kanal.protocol.entities import build, nested
 from kanal.protocol.records import GZIP, LZ4, NONE, SNAPPY, ZSTD, Record, RecordSet, encode_batch
@@ -386,8 +387,8 @@ def gateway(env: dict[str, str] | None = None) -> Gateway:
     import kanal_topicviews.plugin as plugin
 
     registry.register(plugin, "topic-views")
-    settings = build_settings({"KAFKA_BOOTSTRAP_SERVERS": "127.0.0.1:1", "GATEWAY_CLUSTER_ID": "unit", **(env or {})})
-    return Gateway(settings, registry)
+    environ = {"KAFKA_BOOTSTRAP_SERVERS": "127.0.0.1:1", "GATEWAY_CLUSTER_ID": "unit", **(env or {})}
+    return Gateway(build_settings(environ), registry, environ)
 
 
 class _State:
@@ -407,7 +408,7 @@ def _invalid(kind: Any, body: Any, state: _State | None = None) -> str:
 
 def test_validation_names_what_is_wrong() -> None:
     gw = gateway()
-    kind = topic_view_kind(gw)
+    kind = topic_view_kind(gw.services_for(PLUGIN_NAME))
     assert "JOIN" in _invalid(kind, manifest(statement="SELECT a FROM t JOIN u ON t.x = u.x"))
     assert "GROUP BY" in _invalid(kind, manifest(statement="SELECT a FROM t GROUP BY a"))
     assert "SUBSTRING" in _invalid(kind, manifest(statement="SELECT SUBSTRING(a, 1, 2) AS s FROM t"))
@@ -428,7 +429,7 @@ def test_validation_names_what_is_wrong() -> None:
 
 def test_apply_installs_and_removes_the_interceptor() -> None:
     gw = gateway()
-    kind = topic_view_kind(gw)
+    kind = topic_view_kind(gw.services_for(PLUGIN_NAME))
     statuses = kind.apply([manifest(), manifest("cheap", "SELECT id FROM orders")], _State())
     assert {k[0]: s.state for k, s in statuses.items()} == {"big-eur": "Ready", "cheap": "Ready"}
     (spec,) = gw.pipeline.specs(source=SOURCE)
@@ -437,6 +438,131 @@ def test_apply_installs_and_removes_the_interceptor() -> None:
     assert isinstance(item.instance, TopicViewsInterceptor) and set(item.instance.views.by_name) == {"big-eur", "cheap"}
     kind.apply([], _State())
     assert gw.pipeline.specs(source=SOURCE) == []
+
+
+def test_each_gateway_has_its_own_runtime_which_its_interceptor_uses() -> None:
+    first, second = gateway(), gateway()
+    kind = topic_view_kind(first.services_for(PLUGIN_NAME))
+    topic_view_kind(second.services_for(PLUGIN_NAME))
+    runtime = shared_runtime(first.services_for(PLUGIN_NAME))
+    assert runtime is not None and runtime is not shared_runtime(second.services_for(PLUGIN_NAME))
+    assert runtime.read_ahead and runtime.pool is not None
+    kind.apply([manifest()], _State())
+    (item,) = first.pipeline.resolve().interceptors
+    assert isinstance(item.instance, TopicViewsInterceptor) and item.instance.runtime is runtime
+    assert "runtime" not in item.spec.config  # the config is plain JSON: views and the cluster id
+    assert not second.pipeline.resolve().interceptors
+
+
+def test_feature_flags_and_connections_come_from_the_gateway_settings() -> None:
+    gw = gateway(
+        {
+            "GATEWAY_FEATURE_FLAGS_TOPIC_VIEWS_READ_AHEAD": "false",
+            "GATEWAY_FEATURE_FLAGS_TOPIC_VIEWS_HELPER_PROCESS": "off",
+            "GATEWAY_EXTERNAL_CONNECTION_MY_SR_CONFIG_URL": "http://127.0.0.1:1",
+        }
+    )
+    kind = topic_view_kind(gw.services_for(PLUGIN_NAME))
+    runtime = shared_runtime(gw.services_for(PLUGIN_NAME))
+    assert runtime is not None and not runtime.read_ahead and runtime.pool is None
+    assert (
+        kind.validate(manifest(schemaRegistryConnectionName="my-sr"), _State())["spec"]["schemaRegistryConnectionName"]
+        == "my-sr"
+    )
+    assert "no schema registry" in _invalid(kind, manifest(schemaRegistryConnectionName="other"))
+
+
+def test_the_plugin_closes_the_helper_process_when_the_gateway_stops() -> None:
+    import kanal_topicviews.plugin as plugin
+    import trio
+    import trio.testing
+
+    gw = gateway()
+    services = gw.services_for(PLUGIN_NAME)
+    (kind,) = plugin.kanal_admin_resources(services)
+    assert kind.kind == "TopicView"
+    plugin.kanal_admin_resources(services)  # closed once, however often the kind is built
+    runtime = shared_runtime(services)
+    assert runtime is not None and runtime.pool is not None
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(gw.core_services.run)
+            await trio.testing.wait_all_tasks_blocked()
+            assert runtime.pool is not None and runtime.pool.usable
+            nursery.cancel_scope.cancel()
+
+    trio.run(main)
+    assert not runtime.pool.usable
+
+
+def test_a_fetch_by_topic_id_learns_the_input_topic_id_from_the_gateway_kafka_client() -> None:
+    import trio
+
+    from kanal.testing import FakeKafka, FakeServices, Harness
+
+    kafka = FakeKafka(lambda request: metadata_response(12, "orders"))
+    harness = Harness(services=FakeServices(kafka=kafka))
+    interceptor = harness.add(TopicViewsInterceptor, {"views": [manifest()], "clusterId": "unit"})
+    assert isinstance(interceptor, TopicViewsInterceptor)
+    view_id = interceptor.views.by_name["big-eur"].topic_id
+
+    async def main() -> None:
+        for _ in range(2):
+            exchange = await harness.request(fetch_request(13, [(view_id, [(0, 5)])]))
+            (topic,) = exchange.forwarded.topics
+            assert topic.topic_id == uuid.uuid5(uuid.NAMESPACE_DNS, "orders")
+
+    trio.run(main)
+    assert [[t.name for t in request.topics] for _, request in kafka.calls] == [["orders"]]  # asked once
+
+
+def test_read_aheads_go_to_the_consumer_broker_and_stop_when_the_interceptor_is_closed() -> None:
+    import trio
+    import trio.testing
+    from kanal_topicviews import readahead
+
+    from kanal.api import Connection
+    from kanal.testing import FakeKafka, FakeServices, Harness
+
+    values = [orjson.dumps({"id": i, "amount": 500, "currency": "EUR", "note": "x" * 3000}) for i in range(90)]
+    data = batch(values)
+    assert len(data) >= readahead.MIN_BYTES
+
+    async def never(request: Any) -> Any:
+        await trio.sleep_forever()
+
+    kafka = FakeKafka(never)
+    services = FakeServices(kafka=kafka)
+    services.shared[RUNTIME] = Runtime(None, read_ahead=True)
+    harness = Harness(services=services, connection=Connection(1, "client", "listener", 3))
+    interceptor = harness.add(TopicViewsInterceptor, {"views": [manifest()], "clusterId": "unit"})
+    assert isinstance(interceptor, TopicViewsInterceptor)
+    request = fetch_request(12, [("big-eur", [(0, 0)])])
+
+    def upstream(forwarded: Any) -> Any:
+        return fetch_response(12, [("orders", [(0, data)])])
+
+    async def main() -> None:
+        exchange = await harness.request(request, upstream)
+        (topic,) = exchange.response.responses
+        assert topic.topic == "big-eur"
+        assert interceptor.read_aheads_started == 1
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(services.run_tasks)
+            await trio.testing.wait_all_tasks_blocked()
+            assert [node_id for node_id, _ in kafka.calls] == [3]  # the broker the consumer fetched from
+            (chain,) = harness.connection.state[readahead.STATE].values()
+            (ra,) = chain.values()
+            await harness.close()  # aclose: the read-ahead's call is cancelled
+            with trio.fail_after(5):
+                await ra.done.wait()
+        assert ra.response is None
+        chain.clear()
+        await harness.request(request, upstream, correlation_id=2)
+        assert interceptor.read_aheads_started == 1  # none after aclose
+
+    trio.run(main)
 
 
 # -- external connections --------------------------------------------------------------------------------
@@ -492,12 +618,12 @@ def test_the_helper_process_gives_what_the_gateway_would() -> None:
     async def main() -> None:
         import kanal_topicviews.pool as pool_module
 
-        import kanal.parallel
+        import kanal.api.parallel
 
         pool = HelperPool()
-        old = pool_module.MIN_SPLIT, kanal.parallel._MAP_STEP
+        old = pool_module.MIN_SPLIT, kanal.api.parallel._MAP_STEP
         pool_module.MIN_SPLIT = 1024  # type: ignore[misc]
-        kanal.parallel._MAP_STEP = 4096  # the shared memory grows with the chunks
+        kanal.api.parallel._MAP_STEP = 4096  # the shared memory grows with the chunks
         try:
             assert await pool.ready()
             keep_all = view(statement="SELECT * FROM orders WHERE amount >= 0")
@@ -530,7 +656,7 @@ def test_the_helper_process_gives_what_the_gateway_would() -> None:
                 )
                 assert local.value.records is not None and records_of(split.value.records)[-1][0] < 1500
         finally:
-            pool_module.MIN_SPLIT, kanal.parallel._MAP_STEP = old  # type: ignore[misc]
+            pool_module.MIN_SPLIT, kanal.api.parallel._MAP_STEP = old  # type: ignore[misc]
             pool.close()
 
     trio.run(main)

@@ -17,14 +17,15 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from kanal.admin.app import AdminApi
 from kanal.admin.audit import host_port
-from kanal.admin.kafka_log import LogError
-from kanal.admin.resources import Key, ResourceKind, StateView, Status, check_envelope, envelope, invalid
 from kanal.admin.service import build_admin
 from kanal.admin.store import MemoryLog
+from kanal.api import GatewayServices
+from kanal.api.hookspecs import hookimpl
+from kanal.api.interceptor import Interceptor, InterceptorConfigError, InterceptorSpec, Scope
+from kanal.api.resources import Key, ResourceKind, StateView, Status, check_envelope, envelope, invalid
 from kanal.config.settings import build_settings
 from kanal.gateway import Gateway
-from kanal.pipeline.hookspecs import hookimpl
-from kanal.pipeline.interceptor import Interceptor, InterceptorConfigError, InterceptorSpec, Scope
+from kanal.net.state_log import LogError
 from kanal.pipeline.registry import PluginRegistry
 
 USERS = "[{username: admin, password: secret, admin: true}, {username: viewer, password: look}]"
@@ -40,8 +41,8 @@ class Tagger(Interceptor):
     description: ClassVar[str] = "Adds a tag."
     config_schema: ClassVar[dict[str, Any]] = {"type": "object", "required": ["tag"]}
 
-    def __init__(self, config: Any) -> None:
-        super().__init__(config)
+    def __init__(self, config: Any, services: GatewayServices) -> None:
+        super().__init__(config, services)
         if not isinstance(self.config.get("tag"), str):
             raise InterceptorConfigError("tag: required, a string")
 
@@ -80,7 +81,7 @@ class TestPlugin:
         return [Tagger]
 
     @hookimpl
-    def kanal_admin_resources(self, gateway: Gateway) -> list[ResourceKind]:
+    def kanal_admin_resources(self, services: GatewayServices) -> list[ResourceKind]:
         return [GREETING]
 
     @hookimpl

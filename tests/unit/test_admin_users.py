@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from kanal.admin.users import AdminUser, authenticate, basic_credentials, basic_header, parse_users
-from kanal.config.errors import ConfigError
+from kanal.api.errors import ConfigError
 from kanal.config.settings import build_settings
+from kanal.config.users import AdminUser, authenticate, basic_credentials, basic_header, parse_users
 
 
 def test_yaml_and_json_lists_parse() -> None:

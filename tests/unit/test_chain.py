@@ -3,19 +3,21 @@ from typing import Any
 
 import pytest
 
+from kanal.api import GatewayServices
+from kanal.api.hookspecs import hookimpl
+from kanal.api.interceptor import Interceptor, InterceptorConfigError, InterceptorSpec, Scope
+from kanal.api.results import Reject
 from kanal.pipeline.chain import Pipeline
-from kanal.pipeline.hookspecs import hookimpl
-from kanal.pipeline.interceptor import Interceptor, InterceptorConfigError, InterceptorSpec, Scope
 from kanal.pipeline.registry import PluginError, PluginRegistry
-from kanal.pipeline.results import Reject
+from kanal.testing import FakeServices
 
 
 class Recorder(Interceptor):
     plugin_name = "recorder"
     request_api_keys = frozenset({0, 3})
 
-    def __init__(self, config: Mapping[str, Any]) -> None:
-        super().__init__(config)
+    def __init__(self, config: Mapping[str, Any], services: GatewayServices) -> None:
+        super().__init__(config, services)
         if not isinstance(config.get("tag", ""), str):
             raise InterceptorConfigError("tag: expected a string")
         self.tag = config.get("tag", "")
@@ -101,7 +103,7 @@ class Plugin:
 def pipeline() -> Pipeline:
     registry = PluginRegistry()
     registry.register(Plugin(), "test-plugin")
-    return Pipeline(registry)
+    return Pipeline(registry, lambda plugin: FakeServices())
 
 
 def spec(name: str, priority: int = 100, scope: Scope | None = None, **config: Any) -> InterceptorSpec:
@@ -116,8 +118,8 @@ def test_lower_priority_runs_first(pipeline: Pipeline) -> None:
     class Ctx:
         seen: list[str] = []
 
-    for hook in chain.requests_for(0):
-        hook(Ctx)
+    for entry in chain.requests_for(0):
+        entry.hook(Ctx)
     assert Ctx.seen == ["a", "b", "c"]
     assert chain.requests_for(1) == []
     assert chain.decode_request(0) and chain.decode_request(3) and not chain.decode_request(1)
@@ -149,7 +151,7 @@ def test_a_catchall_does_not_widen_what_narrow_interceptors_see(pipeline: Pipeli
     pipeline.configure([InterceptorSpec(name="all", plugin="catchall", priority=50), spec("narrow", 10, tag="n")])
     chain = pipeline.resolve()
     assert len(chain.requests_for(42)) == 1  # only the catch-all
-    names = [h.__self__.__class__.__name__ for h in chain.requests_for(0)]
+    names = [e.hook.__self__.__class__.__name__ for e in chain.requests_for(0)]
     assert names == ["Recorder", "Catchall"]  # both, in priority order
 
 
@@ -200,7 +202,7 @@ def test_a_misspelt_hook_is_refused() -> None:
 
     registry.register(P(), "p")
     with pytest.raises(InterceptorConfigError, match="kanal_produce_record"):
-        Pipeline(registry).configure([InterceptorSpec(name="x", plugin="misspelt")])
+        Pipeline(registry, lambda plugin: FakeServices()).configure([InterceptorSpec(name="x", plugin="misspelt")])
 
 
 def test_configure_is_all_or_nothing(pipeline: Pipeline) -> None:
@@ -255,3 +257,35 @@ def test_sources_are_replaced_independently(pipeline: Pipeline) -> None:
     assert [s.name for s in pipeline.specs(source="views")] == ["from-plugin"]
     with pytest.raises(InterceptorConfigError, match="already defined by config"):
         pipeline.configure([spec("from-file", tag="again")], source="admin")
+
+
+def test_replaced_and_removed_interceptors_are_retired_and_unchanged_ones_kept() -> None:
+    registry = PluginRegistry()
+    registry.register(Plugin(), "test-plugin")
+    retired: list[Interceptor] = []
+    pipeline = Pipeline(registry, lambda plugin: FakeServices(), retired.append)
+    pipeline.configure([spec("a", tag="1"), spec("b", tag="1")])
+    first_a, first_b = (c.instance for c in pipeline.resolve().interceptors)
+    pipeline.configure([spec("a", tag="1"), spec("b", tag="2")])  # a unchanged, b changed
+    second_a, second_b = (c.instance for c in pipeline.resolve().interceptors)
+    assert second_a is first_a and second_b is not first_b
+    assert retired == [first_b]
+    pipeline.configure([spec("b", tag="2")])  # a removed
+    assert retired == [first_b, first_a]
+    with pytest.raises(InterceptorConfigError):
+        pipeline.configure([spec("b", tag="2"), spec("c", tag=5)])  # nothing changes, nothing retired
+    assert retired == [first_b, first_a]
+
+
+def test_interceptors_get_their_plugins_services() -> None:
+    registry = PluginRegistry()
+    registry.register(Plugin(), "test-plugin")
+    asked: list[str] = []
+    services = FakeServices()
+
+    def services_for(plugin: str) -> GatewayServices:
+        asked.append(plugin)
+        return services
+
+    Pipeline(registry, services_for).configure([spec("a")])
+    assert asked == ["test-plugin"]

@@ -1,6 +1,6 @@
 import pytest
 
-from kanal.config.errors import ConfigError
+from kanal.api.errors import ConfigError
 from kanal.config.loader import load_settings
 from kanal.config.placeholders import expand
 from kanal.config.settings import build_settings

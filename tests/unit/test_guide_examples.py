@@ -6,7 +6,7 @@
   Tansu, loaded through a ``kanal.plugins`` entry point, with real admin clients and producers.
 * Code blocks whose first line is ``# file: PATH`` must equal that file of the repository (the
   header-injection plugin, quoted in full).
-* Every hookspec of ``kanal.pipeline.hookspecs`` has its own section in the guide.
+* Every hookspec of ``kanal.api.hookspecs`` has its own section in the guide.
 """
 
 from __future__ import annotations
@@ -17,28 +17,29 @@ import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 import pytest
+import trio
 import yaml
 from kio.schema.create_topics.v4 import request as create_topics_v4
 from kio.schema.create_topics.v7 import request as create_topics_v7
 from kio.static.primitive import i16, i32
 
+from kanal.api import hookspecs
+from kanal.api.context import Connection
+from kanal.api.interceptor import InterceptorConfigError, InterceptorSpec
+from kanal.api.results import PartitionError
 from kanal.embedded import GatewayProcess, TansuBroker
-from kanal.pipeline import hookspecs
 from kanal.pipeline.chain import Pipeline
-from kanal.pipeline.context import Connection, RecordsContext, RequestContext
-from kanal.pipeline.interceptor import InterceptorConfigError, InterceptorSpec
 from kanal.pipeline.registry import PluginRegistry
-from kanal.pipeline.results import PartitionError, Reject
 from kanal.protocol.api import ApiKey
-from kanal.protocol.error_responses import error_response
 from kanal.protocol.messages import decode_request, encode_request
-from kanal.protocol.records import GZIP, HEADER_SIZE, Record, RecordBatch, RecordSet, encode_batch
-from kanal.protocol.topic_names import TopicNames
+from kanal.protocol.records import GZIP, HEADER_SIZE, Record, RecordBatch, encode_batch
+from kanal.testing import Exchange, FakeServices, Harness
 
 REPO = Path(__file__).resolve().parents[2]
 GUIDE = REPO / "docs" / "plugin-author-guide.md"
@@ -149,23 +150,27 @@ def decoded_create_topics(version: int, topics: list[tuple[str, int, int]]) -> A
     return body
 
 
-def request_context(request: Any, version: int) -> RequestContext:
-    return RequestContext(connection(), ApiKey.CREATE_TOPICS, version, 7, "guide-test", request, TopicNames())
+def exchange(policy: ModuleType, request: Any, limit: int = 12) -> Exchange:
+    """The request through a chain holding the policy, as the gateway runs it (harness, no sockets):
+    what reaches the broker and what the client gets."""
+    harness = Harness()
+    harness.add(policy.MaxPartitions, {"maxPartitions": limit})
+    return trio.run(partial(harness.request, request, upstream=lambda forwarded: OK))
+
+
+OK: Any = object()  # stands for the broker's answer: a test that sees it knows the request went upstream
 
 
 @pytest.mark.parametrize("version", [4, 7])
 def test_policy_rejects_too_many_partitions(policy: ModuleType, version: int) -> None:
-    hook = policy.MaxPartitions({"maxPartitions": 12}).kanal_request
     request = decoded_create_topics(version, [("small", 3, 0), ("huge", 50, 0)])
-    result = hook(request_context(request, version))
-    assert isinstance(result, Reject)
-    assert result.error_code == POLICY_VIOLATION
-    assert result.message == "at most 12 partitions per topic: huge (50)"
+    result = exchange(policy, request)
+    assert result.forwarded is None  # the broker never sees it
+    message = "at most 12 partitions per topic: huge (50)"
     # what the client receives: POLICY_VIOLATION on every topic, with the message
-    response = error_response(ApiKey.CREATE_TOPICS, version, request, result.error_code, result.message)
-    assert [(t.name, int(t.error_code), t.error_message) for t in response.topics] == [
-        ("small", POLICY_VIOLATION, result.message),
-        ("huge", POLICY_VIOLATION, result.message),
+    assert [(t.name, int(t.error_code), t.error_message) for t in result.response.topics] == [
+        ("small", POLICY_VIOLATION, message),
+        ("huge", POLICY_VIOLATION, message),
     ]
 
 
@@ -181,12 +186,13 @@ def test_policy_rejects_too_many_partitions(policy: ModuleType, version: int) ->
     ],
 )
 def test_policy_decisions(policy: ModuleType, topics: list[tuple[str, int, int]], rejected: bool) -> None:
-    result = policy.MaxPartitions({"maxPartitions": 12}).kanal_request(
-        request_context(decoded_create_topics(7, topics), 7)
-    )
-    assert (result is not None) == rejected
+    request = decoded_create_topics(7, topics)
+    result = exchange(policy, request)
     if rejected:
-        assert isinstance(result, Reject) and result.error_code == POLICY_VIOLATION
+        assert result.forwarded is None
+        assert {int(t.error_code) for t in result.response.topics} == {POLICY_VIOLATION}
+    else:
+        assert result.forwarded is request and result.response is OK
 
 
 @pytest.mark.parametrize(
@@ -201,13 +207,13 @@ def test_policy_decisions(policy: ModuleType, topics: list[tuple[str, int, int]]
 )
 def test_policy_config_errors_name_the_key(policy: ModuleType, config: dict[str, Any], key: str) -> None:
     with pytest.raises(InterceptorConfigError, match=rf"^{key}: "):
-        policy.MaxPartitions(config)
+        Harness().add(policy.MaxPartitions, config)
 
 
 def test_policy_decodes_create_topics_only(policy: ModuleType) -> None:
     registry = PluginRegistry()
     registry.register(policy, "guide-create-topic-policy")
-    pipeline = Pipeline(registry)
+    pipeline = Pipeline(registry, lambda plugin: FakeServices())
     pipeline.configure([InterceptorSpec("partition-limit", "max-partitions", 10, config={"maxPartitions": 12})])
     chain = pipeline.resolve()
     assert [key for key in ApiKey if chain.decode_request(key)] == [ApiKey.CREATE_TOPICS]
@@ -217,24 +223,20 @@ def test_policy_decodes_create_topics_only(policy: ModuleType) -> None:
 # -------------------------------------------------------------------------- require-key, unit level
 
 
-def records_context(data: bytes) -> RecordsContext:
-    return RecordsContext(connection(), ApiKey.PRODUCE, 9, "guide-test", "orders", 0, RecordSet.parse(data))
-
-
 def test_require_key(require_key: ModuleType) -> None:
-    interceptor = require_key.RequireKey({})
+    harness = Harness()
+    harness.add(require_key.RequireKey)
     keyed = encode_batch([Record(offset_delta=i, key=b"k", value=b"v") for i in range(3)], base_timestamp=1)
-    ctx = records_context(keyed)
-    assert interceptor.kanal_produce_records(ctx) is None
-    assert ctx.records.to_bytes() is keyed  # untouched: forwarded as is
+    records, error = trio.run(harness.records, "orders", 0, keyed)
+    assert error is None
+    assert records.to_bytes() is keyed  # untouched: forwarded as is
 
     keyless = encode_batch([Record(key=b"k", value=b"v"), Record(offset_delta=1, value=b"v")], base_timestamp=1)
-    ctx = records_context(keyless)
-    result = interceptor.kanal_produce_records(ctx)
-    assert result == PartitionError(INVALID_RECORD, "records of orders need a key")
-    assert ctx.connection.state == {"require-key.refused": 1}
-    interceptor.kanal_connection_closed(ctx.connection)
-    assert ctx.connection.state == {}
+    records, error = trio.run(harness.records, "orders", 0, keyless)
+    assert error == PartitionError(INVALID_RECORD, "records of orders need a key")
+    assert harness.connection.state == {"require-key.refused": 1}
+    trio.run(harness.close)
+    assert harness.connection.state == {}
 
 
 # ------------------------------------------------------------------------- both, in a real gateway

@@ -1,4 +1,4 @@
-"""kanal.parallel.HelperProcess: a real helper process, its answers, and how failures fall back."""
+"""kanal.api.parallel.HelperProcess: a real helper process, its answers, and how failures fall back."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 import trio
 
-import kanal.parallel
-from kanal.parallel import HelperProcess
+import kanal.api.parallel
+from kanal.api.parallel import HelperProcess
 
 
 def digest(job: Any, part: bytes) -> bytes:
@@ -24,7 +24,7 @@ def digest(job: Any, part: bytes) -> bytes:
 
 
 def test_jobs_run_in_another_process_while_the_caller_works(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(kanal.parallel, "_MAP_STEP", 4096)  # the shared memory grows with the parts
+    monkeypatch.setattr(kanal.api.parallel, "_MAP_STEP", 4096)  # the shared memory grows with the parts
 
     async def main() -> None:
         helper = HelperProcess("kanal-test-helper", digest)
@@ -44,14 +44,26 @@ def test_jobs_run_in_another_process_while_the_caller_works(monkeypatch: pytest.
 
 def test_no_job_waits_for_the_process_to_start() -> None:
     async def main() -> None:
+        async with trio.open_nursery() as nursery:  # the gateway's: services.start_soon
+            helper = HelperProcess("kanal-test-helper", digest, nursery.start_soon)
+            try:
+                with trio.fail_after(0.2):  # starting takes about half a second: the first jobs stay here
+                    assert await helper.run("early", b"abc", lambda: 1) == (1, None)
+                    assert await helper.run("early", b"abc", lambda: 2) == (2, None)
+                assert not helper.started
+                assert await helper.ready()
+                assert await helper.run("later", b"abc", lambda: 3) == (3, digest("later", b"abc"))
+            finally:
+                helper.close()
+
+    trio.run(main)
+
+
+def test_without_a_gateway_the_first_job_waits_for_the_start() -> None:
+    async def main() -> None:
         helper = HelperProcess("kanal-test-helper", digest)
         try:
-            with trio.fail_after(0.2):  # starting takes about half a second: the first jobs stay here
-                assert await helper.run("early", b"abc", lambda: 1) == (1, None)
-                assert await helper.run("early", b"abc", lambda: 2) == (2, None)
-            assert not helper.started
-            assert await helper.ready()
-            assert await helper.run("later", b"abc", lambda: 3) == (3, digest("later", b"abc"))
+            assert await helper.run("first", b"abc", lambda: 1) == (1, digest("first", b"abc"))
         finally:
             helper.close()
 
@@ -60,11 +72,12 @@ def test_no_job_waits_for_the_process_to_start() -> None:
 
 def test_a_closed_helper_is_not_started_again() -> None:
     async def main() -> None:
-        helper = HelperProcess("kanal-test-helper", digest)
-        assert await helper.run("early", b"abc", lambda: 1) == (1, None)  # starting in the background
-        helper.close()
-        assert not await helper.ready() and not helper.usable  # the start ended without a process
-        assert await helper.run("late", b"abc", lambda: 2) == (2, None)
+        async with trio.open_nursery() as nursery:
+            helper = HelperProcess("kanal-test-helper", digest, nursery.start_soon)
+            assert await helper.run("early", b"abc", lambda: 1) == (1, None)  # starting in the background
+            helper.close()
+            assert not await helper.ready() and not helper.usable  # the start ended without a process
+            assert await helper.run("late", b"abc", lambda: 2) == (2, None)
 
     trio.run(main)
 

@@ -25,8 +25,8 @@ from kanal.protocol.records import (
     Record,
     RecordBatch,
     encode_batch,
+    encode_varint,
     records_area,
-    zigzag_bytes,
 )
 from kanal.protocol.records.values import ACCELERATED, python_record_values, record_values
 
@@ -160,7 +160,7 @@ def test_a_walk_that_does_not_add_up_raises(fn: Any) -> None:
 
 def _record(body: bytes, length: bytes | None = None) -> bytes:
     """A hand-made record: its length (``length`` as written, else the right varint), then ``body``."""
-    return (zigzag_bytes(len(body)) if length is None else length) + body
+    return (encode_varint(len(body)) if length is None else length) + body
 
 
 # attributes, timestamp delta, offset delta, null key, then the value "1" (length 1)

@@ -6,35 +6,33 @@ capture with this interceptor configured and states what must change, and nothin
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
+from dataclasses import dataclass
+from typing import ClassVar
 
-from kanal.pipeline.context import RecordsContext
-from kanal.pipeline.hookspecs import hookimpl
-from kanal.pipeline.interceptor import Interceptor, InterceptorConfigError
-from kanal.pipeline.results import PartitionError
+from kanal.api import ErrorCode, GatewayServices, Interceptor, PartitionError, RecordsContext, hookimpl
+
+
+@dataclass(frozen=True)
+class RejectPartitionConfig:
+    partition: int
+    errorCode: int = ErrorCode.invalid_record
+    message: str | None = None
 
 
 class RejectPartition(Interceptor):
     plugin_name = "conformance-example-reject-partition"
     description = "Fails produce to one partition with an error code (conformance example)."
+    config_type: ClassVar[type[RejectPartitionConfig]] = RejectPartitionConfig
 
-    def __init__(self, config: Mapping[str, Any]) -> None:
-        super().__init__(config)
-        try:
-            self.partition = int(config["partition"])
-            self.error_code = int(config.get("errorCode", 87))
-        except KeyError as exc:
-            raise InterceptorConfigError(f"{exc.args[0]} is required") from None
-        except (TypeError, ValueError) as exc:
-            raise InterceptorConfigError(str(exc)) from None
-        self.message = str(config.get("message", f"partition {self.partition} is closed by policy"))
+    def __init__(self, config: RejectPartitionConfig, services: GatewayServices) -> None:
+        super().__init__(config, services)
+        self.error = PartitionError(
+            config.errorCode, config.message or f"partition {config.partition} is closed by policy"
+        )
 
     @hookimpl
     def kanal_produce_records(self, ctx: RecordsContext) -> PartitionError | None:
-        if ctx.partition == self.partition:
-            return PartitionError(self.error_code, self.message)
-        return None
+        return self.error if ctx.partition == self.config.partition else None
 
 
 class _Plugin:

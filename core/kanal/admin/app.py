@@ -28,12 +28,13 @@ from kanal import __version__
 from kanal.admin.audit import audit, host_port
 from kanal.admin.interceptors import plugin_catalogue, resolve
 from kanal.admin.metrics import HttpMetrics, route_template
-from kanal.admin.resources import KindRegistry, Manifest, ResourceError, ResourceKind, invalid, lookup
 from kanal.admin.store import Change, ResourceStore
-from kanal.admin.users import EXAMPLE, USERS_ENV, AdminUser, authenticate
+from kanal.api.resources import KindRegistry, Manifest, ResourceError, ResourceKind, invalid, lookup
+from kanal.config.users import EXAMPLE, USERS_ENV, AdminUser, authenticate
+from kanal.protocol.records import record_walker
 
 if TYPE_CHECKING:
-    from kanal.gateway import Gateway
+    from kanal.admin.host import GatewayHost
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +54,7 @@ class AdminApi:
     ``audit(action, **fields)`` records an admin change with the caller and their address.
     """
 
-    gateway: Gateway
+    gateway: GatewayHost
     store: ResourceStore
     kinds: KindRegistry
     users: tuple[AdminUser, ...]
@@ -214,9 +215,17 @@ def create_app(api: AdminApi, extra_routes: Iterable[Callable[[AdminApi], None]]
         return Response("NOTREADY", 503, content_type="text/plain")
 
     async def versions() -> Response:
-        """The gateway's version, the resource API versions and the installed plugins' versions."""
+        """The gateway's version, the resource API versions, the installed plugins' versions and which
+        record walk runs (``compiled``: the C module; ``python``: its pure-Python reference)."""
         plugins = {p["plugin"]: p["version"] for p in plugin_catalogue(gateway.registry)}
-        return json_response({"gateway": __version__, "apiVersions": ["gateway/v2"], "plugins": plugins})
+        return json_response(
+            {
+                "gateway": __version__,
+                "apiVersions": ["gateway/v2"],
+                "plugins": plugins,
+                "recordWalker": record_walker(),
+            }
+        )
 
     async def metrics_view() -> Response:
         """Prometheus exposition of every gateway metric."""

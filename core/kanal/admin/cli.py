@@ -15,20 +15,24 @@ import sys
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from kanal.admin.users import basic_header
+from kanal.api.cli import CliError
+from kanal.api.errors import ConfigError
+from kanal.api.services import StateLog
+from kanal.config.upstream import UpstreamSettings, parse_upstream
+from kanal.config.users import basic_header
+from kanal.logs import configure_logging
+from kanal.net.kafka_client import GatewayKafkaClient
+from kanal.net.state_log import CompactedLog
+from kanal.protocol.framing import DEFAULT_MAX_FRAME_SIZE
 
 DEFAULT_URL = "http://localhost:8888"
 MANIFEST_SUFFIXES = (".yaml", ".yml", ".json")
-
-
-class CliError(Exception):
-    """Printed as ``kanal: <message>``; exit code 1."""
 
 
 class Client:
@@ -84,6 +88,35 @@ def _error_text(status: int, payload: bytes) -> str:
     except (ValueError, AttributeError):
         text = payload.decode(errors="replace").strip() or "error"
     return f"HTTP {status}: {text}"
+
+
+class CommandLine:
+    """:class:`kanal.api.CliContext`: what plugin commands reach, from the environment."""
+
+    def __init__(self, environ: Mapping[str, str]) -> None:
+        self.environ = environ
+
+    def admin_client(self, url: str | None, user: str | None, password: str | None) -> Client:
+        env = self.environ
+        return Client(
+            url or env.get("KANAL_URL", DEFAULT_URL),
+            user or env.get("KANAL_USER"),
+            password or env.get("KANAL_PASSWORD"),
+        )
+
+    def _upstream(self, purpose: str) -> UpstreamSettings:
+        if not self.environ.get("KAFKA_BOOTSTRAP_SERVERS"):
+            raise ConfigError("KAFKA_BOOTSTRAP_SERVERS", f"required: the cluster {purpose}")
+        return parse_upstream(self.environ, {})
+
+    def kafka(self) -> GatewayKafkaClient:
+        return GatewayKafkaClient(self._upstream("to call"), 10.0, DEFAULT_MAX_FRAME_SIZE, "kanal-cli")
+
+    def configure_logging(self, fmt: str = "text", level: str = "info") -> None:
+        configure_logging(fmt, level)
+
+    def state_log(self, topic: str) -> StateLog:
+        return CompactedLog(topic, self._upstream("holding the topic " + topic), 10.0)
 
 
 def _client(args: argparse.Namespace) -> Client:
@@ -174,6 +207,15 @@ def _value(resource: dict[str, Any], path: str) -> Any:
             return None
         current = current.get(part)
     return current
+
+
+def _status(args: argparse.Namespace) -> int:
+    answer = _client(args).call("GET", "/versions")
+    print(f"gateway       {answer.get('gateway')}")
+    print(f"record walk   {answer.get('recordWalker')}")
+    for plugin, version in sorted((answer.get("plugins") or {}).items()):
+        print(f"plugin        {plugin} {version}")
+    return 0
 
 
 def _get(args: argparse.Namespace) -> int:
@@ -279,3 +321,7 @@ def add_commands(commands: Any) -> None:
     delete.add_argument("--username", help="scope: username (interceptors)")
     _connection_options(delete)
     delete.set_defaults(func=_guarded(_delete))
+
+    status = commands.add_parser("status", help="a running gateway's version, record walk and plugins")
+    _connection_options(status)
+    status.set_defaults(func=_guarded(_status))

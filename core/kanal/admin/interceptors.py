@@ -25,7 +25,8 @@ import importlib
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from kanal.admin.resources import (
+from kanal.api.interceptor import InterceptorConfigError, InterceptorSpec, Scope
+from kanal.api.resources import (
     READY,
     Key,
     Manifest,
@@ -37,12 +38,11 @@ from kanal.admin.resources import (
     envelope,
     invalid,
 )
-from kanal.pipeline.chain import instantiate
-from kanal.pipeline.interceptor import InterceptorConfigError, InterceptorSpec, Scope
+from kanal.pipeline.chain import check
 from kanal.pipeline.registry import PluginRegistry
 
 if TYPE_CHECKING:
-    from kanal.gateway import Gateway
+    from kanal.admin.host import GatewayHost
 
 SCOPE_FIELDS = ("vCluster", "group", "username")
 
@@ -130,7 +130,7 @@ def _canonical(manifest: Any, kind: ResourceKind) -> Manifest:
     return envelope(kind, out_meta, out_spec)
 
 
-def interceptor_kind(gateway: Gateway) -> ResourceKind:
+def interceptor_kind(gateway: GatewayHost) -> ResourceKind:
     """The Interceptor kind of this gateway; interceptors configured before it (the config file) stay."""
     pipeline, registry = gateway.pipeline, gateway.registry
     static_specs = tuple(pipeline.specs(source="config"))
@@ -146,28 +146,27 @@ def interceptor_kind(gateway: Gateway) -> ResourceKind:
                 f"interceptor {spec.name!r} with this scope is defined in the gateway's config file; change it there",
             )
         try:
-            instantiate(spec, registry)
+            check(spec, registry)
         except InterceptorConfigError as exc:
             raise invalid(str(exc)) from exc
         return canonical
 
     def apply(resources: Sequence[Manifest], state: StateView) -> dict[Key, Status]:
         statuses: dict[Key, Status] = {}
-        usable: list[InterceptorSpec] = []
+        usable: dict[Key, InterceptorSpec] = {}
         for manifest in resources:
             key = kind.key_of(manifest["metadata"])
             spec = spec_from_manifest(manifest)
             if (spec.name, spec.scope) in static_keys:
                 statuses[key] = Status("Failed", "the config file of this node defines the same name and scope")
                 continue
-            try:
-                instantiate(spec, registry)
-            except InterceptorConfigError as exc:
-                statuses[key] = Status("Failed", str(exc))
-                continue
-            usable.append(spec)
+            usable[key] = spec
             statuses[key] = READY
-        pipeline.configure(usable, source="admin")
+        failed: dict[tuple[str, Any], str] = {}  # interceptors whose constructor refused their config
+        pipeline.configure(list(usable.values()), source="admin", failed=failed)
+        for key, spec in usable.items():
+            if (spec.name, spec.scope) in failed:
+                statuses[key] = Status("Failed", failed[(spec.name, spec.scope)])
         return statuses
 
     def static() -> list[Manifest]:
@@ -201,7 +200,7 @@ def interceptor_kind(gateway: Gateway) -> ResourceKind:
     return kind
 
 
-def resolve(gateway: Gateway, kind: ResourceKind, body: Any) -> list[Manifest]:
+def resolve(gateway: GatewayHost, kind: ResourceKind, body: Any) -> list[Manifest]:
     """The effective chain for ``{username, groups, vCluster}``, in the order it runs."""
     if body is None:
         body = {}

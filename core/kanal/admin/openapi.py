@@ -14,7 +14,7 @@ from quart import Quart
 
 from kanal import __version__
 from kanal.admin.metrics import route_template
-from kanal.admin.resources import KindRegistry, ResourceKind
+from kanal.api.resources import KindRegistry, ResourceKind
 
 _ERROR = {
     "type": "object",

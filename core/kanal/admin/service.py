@@ -2,43 +2,37 @@
 
 from __future__ import annotations
 
-import json
 import logging
-import secrets
-from collections.abc import MutableMapping
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import trio
 
-from kanal.admin.kafka_log import CompactedLog
-from kanal.admin.resources import KindRegistry, ResourceKind
 from kanal.admin.store import LogBackend, ResourceStore
-from kanal.admin.users import EXAMPLE, USERS_ENV
+from kanal.api.resources import KindRegistry, ResourceKind
+from kanal.config.users import EXAMPLE, USERS_ENV
+from kanal.net.state_log import CompactedLog
 from kanal.pipeline.registry import PluginError
 
 if TYPE_CHECKING:
     from kanal.admin.app import AdminApi
-    from kanal.gateway import Gateway
+    from kanal.admin.host import GatewayHost
 
 log = logging.getLogger(__name__)
 
 
-def resources_topic(gateway: Gateway) -> str:
+def resources_topic(gateway: GatewayHost) -> str:
     settings = gateway.settings
     return settings.resources_topic or f"_kanal_{settings.cluster_id}_resources"
 
 
-def collect_kinds(gateway: Gateway) -> KindRegistry:
+def collect_kinds(gateway: GatewayHost) -> KindRegistry:
     """The Interceptor kind and every kind the plugins contribute (``kanal_admin_resources``)."""
     from kanal.admin.interceptors import interceptor_kind
 
     kinds = KindRegistry()
     kinds.add(interceptor_kind(gateway))
-    manager = gateway.registry.manager
-    for impl in manager.hook.kanal_admin_resources.get_hookimpls():
-        plugin_name = manager.get_name(impl.plugin) or "?"
-        contributed: Any = impl.function(**{name: {"gateway": gateway}[name] for name in impl.argnames})
+    for plugin_name, contributed in gateway.registry.call_each("kanal_admin_resources", gateway.services_for):
         for kind in contributed or ():
             if not isinstance(kind, ResourceKind):
                 raise PluginError(f"plugin {plugin_name}: kanal_admin_resources returned {kind!r}, not a ResourceKind")
@@ -49,7 +43,7 @@ def collect_kinds(gateway: Gateway) -> KindRegistry:
     return kinds
 
 
-def build_admin(gateway: Gateway, writer: LogBackend | None = None, reader: LogBackend | None = None) -> AdminApi:
+def build_admin(gateway: GatewayHost, writer: LogBackend | None = None, reader: LogBackend | None = None) -> AdminApi:
     """The admin API of a gateway (store, kinds, app); the Kafka state topic unless logs are given."""
     from kanal.admin.app import AdminApi, create_app
     from kanal.admin.metrics import StateCollector
@@ -63,17 +57,16 @@ def build_admin(gateway: Gateway, writer: LogBackend | None = None, reader: LogB
         reader = CompactedLog(topic, settings.upstream, timeout, settings.state_replication_factor)
     store = ResourceStore(kinds, writer, reader)
     api = AdminApi(gateway, store, kinds, tuple(settings.admin_api_users))
-    manager = gateway.registry.manager
 
     def plugin_routes(admin: AdminApi) -> None:
-        manager.hook.kanal_admin_routes(admin=admin)
+        gateway.registry.call_each("kanal_admin_routes", gateway.services_for, admin=admin)
 
     create_app(api, [plugin_routes])
     gateway.metrics.registry.register(StateCollector(store, gateway.pipeline))
     return api
 
 
-async def _serve_state(api: AdminApi, gateway: Gateway, *, task_status: trio.TaskStatus[None]) -> None:
+async def _serve_state(api: AdminApi, gateway: GatewayHost, *, task_status: trio.TaskStatus[None]) -> None:
     try:
         await api.store.run(task_status=task_status)
     finally:
@@ -82,7 +75,7 @@ async def _serve_state(api: AdminApi, gateway: Gateway, *, task_status: trio.Tas
             await api.store.reader.aclose()
 
 
-async def _serve_http(api: AdminApi, gateway: Gateway, *, task_status: trio.TaskStatus[None]) -> None:
+async def _serve_http(api: AdminApi, gateway: GatewayHost, *, task_status: trio.TaskStatus[None]) -> None:
     from hypercorn.config import Config
     from hypercorn.trio import serve
 
@@ -110,7 +103,7 @@ async def _serve_http(api: AdminApi, gateway: Gateway, *, task_status: trio.Task
         task_status.started()
 
 
-def install(gateway: Gateway) -> AdminApi:
+def install(gateway: GatewayHost) -> AdminApi:
     """Adds the admin HTTP API and the resource store to the gateway's companion services."""
     api = build_admin(gateway)
     if not api.users:
@@ -121,38 +114,9 @@ def install(gateway: Gateway) -> AdminApi:
             USERS_ENV,
             EXAMPLE,
         )
-    gateway.services.append(partial(_serve_http, api))
-    gateway.services.append(partial(_serve_state, api))
+    gateway.services.append(partial(_serve_http, api, gateway))
+    gateway.services.append(partial(_serve_state, api, gateway))
     return api
 
 
-def dev_admin_user(env: MutableMapping[str, str]) -> str | None:
-    """For ``kanal dev``: sets a generated admin user unless ``GATEWAY_ADMIN_API_USERS`` is set, and
-    returns the line that tells it."""
-    if env.get(USERS_ENV):
-        return None
-    password = secrets.token_urlsafe(12)
-    env[USERS_ENV] = json.dumps([{"username": "admin", "password": password, "admin": True}])
-    return (
-        f"Kanal dev: admin API user 'admin', password '{password}' "
-        f"(export KANAL_USER=admin KANAL_PASSWORD={password}); set {USERS_ENV} to choose your own"
-    )
-
-
-def dev_http_port(env: MutableMapping[str, str]) -> None:
-    """For ``kanal dev``: 8888 when free, else a free port (unless ``GATEWAY_HTTP_PORT`` is set)."""
-    if env.get("GATEWAY_HTTP_PORT"):
-        return
-    import socket
-
-    from kanal.embedded.tansu import free_port
-
-    try:
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 8888))
-        env["GATEWAY_HTTP_PORT"] = "8888"
-    except OSError:
-        env["GATEWAY_HTTP_PORT"] = str(free_port())
-
-
-__all__ = ["build_admin", "collect_kinds", "dev_admin_user", "dev_http_port", "install"]
+__all__ = ["build_admin", "collect_kinds", "install"]

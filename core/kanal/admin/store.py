@@ -22,8 +22,8 @@ from typing import Any, Literal, Protocol
 import orjson
 import trio
 
-from kanal.admin.kafka_log import LogError, LogRecord
-from kanal.admin.resources import (
+from kanal.api.errors import LogError
+from kanal.api.resources import (
     PENDING,
     READY,
     Key,
@@ -34,6 +34,7 @@ from kanal.admin.resources import (
     Status,
     invalid,
 )
+from kanal.api.services import LogRecord
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +44,7 @@ WRITE_VISIBLE_TIMEOUT = 10.0  # seconds a write waits to be applied on this node
 
 
 class LogBackend(Protocol):
-    """A single-partition compacted log (see :class:`~kanal.admin.kafka_log.CompactedLog`)."""
+    """A single-partition compacted log (see :class:`~kanal.net.state_log.CompactedLog`)."""
 
     async def ensure_topic(self) -> None: ...
 

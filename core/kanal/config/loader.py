@@ -9,7 +9,7 @@ from typing import Any
 
 import yaml
 
-from kanal.config.errors import ConfigError
+from kanal.api.errors import ConfigError
 from kanal.config.placeholders import expand
 from kanal.config.settings import Settings, build_settings
 

@@ -12,10 +12,10 @@ from dataclasses import dataclass, field
 from difflib import get_close_matches
 from typing import Any
 
-from kanal.admin.users import AdminUser, parse_users
-from kanal.config.errors import ConfigError
+from kanal.api.errors import ConfigError
+from kanal.api.interceptor import InterceptorSpec, Scope
 from kanal.config.upstream import UpstreamSettings, parse_upstream
-from kanal.pipeline.interceptor import InterceptorSpec, Scope
+from kanal.config.users import AdminUser, parse_users
 from kanal.protocol.framing import DEFAULT_MAX_FRAME_SIZE
 
 GATEWAY_PREFIX = "GATEWAY_"
@@ -130,6 +130,14 @@ OPTIONS: tuple[Option, ...] = (
         "Timeout to connect and authenticate to an upstream broker.",
     ),
     Option(
+        "GATEWAY_HOOK_TIMEOUT_MS",
+        "hook_timeout_ms",
+        _int(1, 3600000),
+        10000,
+        "Longest an interceptor hook may take for one request, response or batch; past it the client"
+        " connection is closed with a log line naming the interceptor.",
+    ),
+    Option(
         "GATEWAY_SHUTDOWN_TIMEOUT_MS",
         "shutdown_timeout_ms",
         _int(0, 3600000),
@@ -210,6 +218,7 @@ class Settings:
     max_frame_size: int = DEFAULT_MAX_FRAME_SIZE
     max_in_flight: int = 1000
     upstream_connect_timeout_ms: int = 10000
+    hook_timeout_ms: int = 10000
     shutdown_timeout_ms: int = 10000
     log_format: str = "text"
     log_level: str = "info"

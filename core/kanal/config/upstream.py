@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from kanal.config.errors import ConfigError
+from kanal.api.errors import ConfigError
 
 KAFKA_PREFIX = "KAFKA_"
 SECURITY_PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")

@@ -27,8 +27,8 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import IO
 
+from kanal.api.context import Connection
 from kanal.conformance.frames import REQUEST_DIRECTIONS, ApiTracker, Frame, FrameWriter
-from kanal.pipeline.context import Connection
 from kanal.protocol.api import ApiKey, request_class, response_class
 from kanal.protocol.headers import InvalidHeader, parse_request_header, peek_request, response_correlation_id
 from kanal.protocol.messages import decode_request, decode_response, encode_request, encode_response

@@ -25,7 +25,7 @@ import trio
 
 from kanal import __version__
 from kanal.admin.service import install as install_admin
-from kanal.config.errors import ConfigError
+from kanal.api.errors import ConfigError, InterceptorConfigError
 from kanal.config.loader import load_settings
 from kanal.conformance.capture import CaptureTap, Redactor
 from kanal.conformance.frames import write_frames
@@ -33,7 +33,6 @@ from kanal.conformance.pcap import PcapError, import_pcap
 from kanal.conformance.replay import CaseError, discover_cases, run_case, suggest_expectations
 from kanal.gateway import Gateway, Listening
 from kanal.logs import configure_logging
-from kanal.pipeline.interceptor import InterceptorConfigError
 from kanal.pipeline.registry import PluginError, PluginRegistry
 
 

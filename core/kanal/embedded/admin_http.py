@@ -7,7 +7,7 @@ import urllib.error
 import urllib.request
 from typing import Any
 
-from kanal.admin.users import basic_header
+from kanal.config.users import basic_header
 
 
 class AdminHttp:

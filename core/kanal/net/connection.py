@@ -10,33 +10,28 @@ and the reader stops reading from it.
 
 from __future__ import annotations
 
-import inspect
 import logging
 import time
 from collections import deque
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 import trio
-from kio.schema.errors import ErrorCode
 
-from kanal.metrics import GatewayMetrics
+from kanal.api.context import Connection, Notes, RequestContext, ResponseContext
 from kanal.net.channel import STREAM_FROM, KafkaChannel, next_read_size, receive_rest, relay
 from kanal.net.forward import PeerClosed
-from kanal.pipeline.chain import ResolvedChain
-from kanal.pipeline.context import Connection, RecordsContext, RequestContext, ResponseContext
-from kanal.pipeline.results import Close, PartitionError, Reject, Respond
+from kanal.pipeline.chain import Pipeline, ResolvedChain
+from kanal.pipeline.core_rules import CoreRules
+from kanal.pipeline.decode import decodes_request, decodes_response
+from kanal.pipeline.dispatch import CloseConnection, Dispatcher, PartitionFailure, merge_partition_errors
 from kanal.protocol.api import ApiKey, api_name, request_class, response_class
-from kanal.protocol.api_versions import intersect
-from kanal.protocol.entities import build, has_field, nested
-from kanal.protocol.error_responses import error_response
 from kanal.protocol.framing import FrameReader, FrameTooLarge, InvalidFrame
 from kanal.protocol.headers import (
     InvalidHeader,
     RequestHeader,
     parse_request_header,
     produce_acks,
-    produce_topics,
     response_correlation_id,
     set_request_correlation_id,
     set_response_correlation_id,
@@ -46,19 +41,16 @@ from kanal.protocol.messages import (
     decode_response,
     encode_request,
     encode_response,
-    response_type,
 )
-from kanal.protocol.records import RecordSet
-from kanal.protocol.rewrite import broker_addresses, carries_addresses, rewrite_addresses
+from kanal.protocol.rewrite import carries_addresses
 from kanal.protocol.scan import NEUTRAL_TAG, ResponseScan, has_node_endpoints, node_endpoints_entry, scans
 
 if TYPE_CHECKING:
-    from kanal.gateway import Gateway
+    from kanal.api.services import KafkaClient, TopicNames
+    from kanal.config.settings import Settings
+    from kanal.metrics import GatewayMetrics
 
 log = logging.getLogger(__name__)
-
-# Responses the core itself must see: address rewriting, version negotiation, topic-id learning.
-_CORE_RESPONSES = frozenset({ApiKey.API_VERSIONS, ApiKey.METADATA, ApiKey.DESCRIBE_CLUSTER, ApiKey.FIND_COORDINATOR})
 
 
 class FrameTap(Protocol):
@@ -73,6 +65,26 @@ class ProtocolViolation(Exception):
     """The client or the upstream broke the protocol; the connection is closed."""
 
 
+class ConnectionHost(Protocol):
+    """What a client connection needs of the gateway that accepted it."""
+
+    settings: Settings
+    metrics: GatewayMetrics
+    pipeline: Pipeline
+    tap: FrameTap | None
+    core_rules: CoreRules
+
+    @property
+    def kafka(self) -> KafkaClient: ...
+
+    @property
+    def resolving_topic_names(self) -> TopicNames: ...
+
+    def topic_id_name(self, topic_id: Any) -> str | None: ...
+
+    async def connect_upstream(self, node_id: int) -> KafkaChannel: ...
+
+
 @dataclass(slots=True)
 class Pending:
     """One expected response, in request order."""
@@ -85,46 +97,28 @@ class Pending:
     local: bytearray | None = None
     decode: bool = False
     request: Any = None
-    partition_errors: list[tuple[str, Any, int, PartitionError]] = field(default_factory=list)
+    failures: list[PartitionFailure] = field(default_factory=list)
+    notes: Notes | None = None
     started: float = 0.0
     forwarded: float = 0.0
+    internal: _Internal | None = None  # a request a hook sent (ctx.send_request), not the client
 
 
-def _needs_response_decode(chain: ResolvedChain, api_key: int, version: int) -> bool:
-    """Produce and Fetch responses are decoded for the core only when a scan finds leader hints."""
-    return api_key in _CORE_RESPONSES or chain.decode_response(api_key)
+class _Internal:
+    """The answer to a request an interceptor sent on the client's upstream connection."""
 
+    __slots__ = ("done", "error", "response")
 
-async def _run_hooks(hooks: list[Any], ctx: Any) -> Any:
-    """Calls hooks in order until one returns a result; awaits async ones."""
-    for hook in hooks:
-        result = hook(ctx)
-        if inspect.isawaitable(result):
-            result = await result
-        if result is not None:
-            return result
-    return None
-
-
-async def _run_timed_hooks(
-    hooks: list[Any], ctx: Any, stage: str, api_key: int, chain: ResolvedChain, metrics: GatewayMetrics
-) -> Any:
-    """:func:`_run_hooks` with each hook's time recorded (lifecycle metrics)."""
-    for hook in hooks:
-        began = time.perf_counter()
-        result = hook(ctx)
-        if inspect.isawaitable(result):
-            result = await result
-        metrics.stage(stage, api_key, chain.name_of(hook), time.perf_counter() - began)
-        if result is not None:
-            return result
-    return None
+    def __init__(self) -> None:
+        self.done = trio.Event()
+        self.response: Any = None
+        self.error: BaseException | None = None
 
 
 class ClientConnection:
     """Owns one client stream and its upstream channel."""
 
-    def __init__(self, gateway: Gateway, stream: trio.abc.Stream, info: Connection) -> None:
+    def __init__(self, gateway: ConnectionHost, stream: trio.abc.Stream, info: Connection) -> None:
         self.gateway = gateway
         self.client = stream
         self.info = info
@@ -134,19 +128,13 @@ class ClientConnection:
         self._unanswered: deque[int] = deque()
         self._chain_version = -1
         self._chain: ResolvedChain | None = None
+        self._dispatcher: Dispatcher | None = None
+        self._requests: trio.MemorySendChannel[Pending] | None = None
         self._identity: tuple[str | None, tuple[str, ...], str | None] = (None, (), None)
         self._read_scope = trio.CancelScope()
         self._reader = FrameReader(gateway.settings.max_frame_size)
 
     # -- lifecycle ---------------------------------------------------------------------------
-
-    async def _hooks(self, hooks: list[Any], ctx: Any, stage: str, api_key: int, chain: ResolvedChain) -> Any:
-        if not hooks:
-            return None
-        metrics = self.gateway.metrics
-        if metrics.lifecycle is None:
-            return await _run_hooks(hooks, ctx)
-        return await _run_timed_hooks(hooks, ctx, stage, api_key, chain, metrics)
 
     def _fields(self) -> dict[str, Any]:
         """Structured fields of this connection's log lines (shown by the JSON log format)."""
@@ -173,7 +161,22 @@ class ClientConnection:
             self._chain = pipeline.resolve(*identity)
             self._chain_version = pipeline.version
             self._identity = identity
+            self._dispatcher = None
         return self._chain
+
+    def dispatcher(self) -> Dispatcher:
+        """The dispatcher of this connection's current chain."""
+        chain = self.chain()
+        if self._dispatcher is None:
+            gateway = self.gateway
+            metrics = gateway.metrics
+            self._dispatcher = Dispatcher(
+                chain,
+                gateway.resolving_topic_names,
+                gateway.settings.hook_timeout_ms / 1000,
+                metrics.stage if metrics.lifecycle is not None else None,
+            )
+        return self._dispatcher
 
     async def run(self) -> None:
         gateway = self.gateway
@@ -188,9 +191,9 @@ class ClientConnection:
             return
         gateway.metrics.upstream_connections.inc()
         send, receive = trio.open_memory_channel[Pending](gateway.settings.max_in_flight)
+        self._requests = send
         try:
-            for hook in self.chain().opened:
-                await _maybe_await(hook(self.info))
+            await self.dispatcher().opened(self.info)
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self._read_client, send, nursery.cancel_scope)
                 nursery.start_soon(self._write_client, receive, nursery.cancel_scope)
@@ -199,11 +202,10 @@ class ClientConnection:
                 await self.client.aclose()
                 await self.upstream.aclose()
                 gateway.metrics.upstream_connections.dec()
-                for hook in self.chain().closed:
-                    try:
-                        await _maybe_await(hook(self.info))
-                    except Exception:
-                        log.exception("connection_closed hook failed", extra=self._fields())
+                try:
+                    await self.dispatcher().closed(self.info)
+                except CloseConnection as exc:
+                    log.warning("%s", exc, extra=self._fields())
 
     async def _read_client(self, send: trio.MemorySendChannel[Pending], scope: trio.CancelScope) -> None:
         async with send:
@@ -230,6 +232,15 @@ class ClientConnection:
                 except (FrameTooLarge, InvalidFrame, InvalidHeader, ProtocolViolation) as exc:
                     log.warning("closing client %s: %s", self.info.client_address, exc, extra=self._fields())
                     scope.cancel()
+                except CloseConnection as exc:
+                    log.warning(
+                        "closing client %s: %s",
+                        self.info.client_address,
+                        exc,
+                        exc_info=exc.__cause__ is not None,
+                        extra=self._fields(),
+                    )
+                    scope.cancel()
                 except (trio.BrokenResourceError, trio.ClosedResourceError):
                     scope.cancel()
                 except Exception:
@@ -244,6 +255,9 @@ class ClientConnection:
         try:
             async with receive:
                 async for pending in receive:
+                    if pending.internal is not None:
+                        await self._answer_internal(pending)
+                        continue
                     if pending.local is not None:
                         out = pending.local
                     else:
@@ -268,6 +282,15 @@ class ClientConnection:
             scope.cancel()
         except (ProtocolViolation, FrameTooLarge, InvalidFrame) as exc:
             log.warning("closing client %s: %s", self.info.client_address, exc, extra=self._fields())
+            scope.cancel()
+        except CloseConnection as exc:
+            log.warning(
+                "closing client %s: %s",
+                self.info.client_address,
+                exc,
+                exc_info=exc.__cause__ is not None,
+                extra=self._fields(),
+            )
             scope.cancel()
         except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
             scope.cancel()
@@ -334,24 +357,7 @@ class ClientConnection:
         """A large request (its header in) that no hook needs is forwarded while it arrives."""
         if self.gateway.tap is not None:
             return False
-        return not self._decodes(self.chain(), parse_request_header(head), head)
-
-    def _decodes(self, chain: ResolvedChain, header: RequestHeader, frame: bytearray) -> bool:
-        """Whether a hook needs this request decoded (``frame``: the request, or its first bytes).
-        A Produce request only for topics that no records hook wants is not."""
-        api_key = header.api_key
-        if api_key != ApiKey.PRODUCE or not chain.produce_records:
-            return chain.decode_request(api_key)
-        topics = produce_topics(frame, header)
-        names: list[str] | None = None
-        if topics is not None:
-            names = []
-            for topic in topics:
-                name = topic if isinstance(topic, str) else self.gateway.topic_names.name(topic)
-                if name is None:  # an id this gateway has not seen named: decode, the hooks decide
-                    return True
-                names.append(name)
-        return chain.decode_produce(names)
+        return not decodes_request(self.chain(), parse_request_header(head), head, self.gateway.topic_id_name)
 
     async def _handle_request(
         self, frame: bytearray, send: trio.MemorySendChannel[Pending], streamed_size: int | None = None
@@ -368,7 +374,9 @@ class ClientConnection:
         self.info.client_id = header.client_id
         self.gateway.metrics.request(api_key, len(frame) if streamed_size is None else streamed_size)
         chain = self.chain()
-        if streamed_size is None and self._decodes(chain, header, frame):  # (streamed: no hook needs it)
+        if streamed_size is None and decodes_request(
+            chain, header, frame, self.gateway.topic_id_name
+        ):  # (streamed: no hook needs it)
             await self._intercept_request(frame, header, chain, send, started)
             return
         expects = api_key != ApiKey.PRODUCE or produce_acks(frame, header) != 0
@@ -382,7 +390,7 @@ class ClientConnection:
                     version,
                     header.client_id,
                     upstream_corr,
-                    decode=_needs_response_decode(chain, api_key, version),
+                    decode=decodes_response(chain, api_key),
                     started=started,
                     forwarded=time.perf_counter(),
                 )
@@ -414,9 +422,17 @@ class ClientConnection:
         api_key, version = header.api_key, header.api_version
         original = decode_request_body(api_key, version, frame, header.body_offset)
         ctx = RequestContext(
-            self.info, api_key, version, header.correlation_id, header.client_id, original, self.gateway.topic_names
+            self.info,
+            api_key,
+            version,
+            header.correlation_id,
+            header.client_id,
+            original,
+            self.gateway.resolving_topic_names,
+            _sender=self._send_own_request,
         )
-        result = await self._hooks(chain.requests_for(api_key), ctx, "request", api_key, chain)
+        expects = api_key != ApiKey.PRODUCE or original.acks != 0
+        outcome = await self.dispatcher().request(ctx, expects)
         expects = api_key != ApiKey.PRODUCE or ctx.request.acks != 0
         pending = Pending(
             header.correlation_id,
@@ -424,39 +440,24 @@ class ClientConnection:
             version,
             header.client_id,
             started=started,
-            decode=ctx.response_wanted or _needs_response_decode(chain, api_key, version),
+            decode=outcome.response_wanted or decodes_response(chain, api_key),
+            failures=outcome.failures,
+            notes=outcome.notes,
         )
-        if result is None and api_key == ApiKey.PRODUCE and chain.produce_records:
-            ctx.request = await self._produce_records(ctx, chain, pending)
-            if ctx.request is None:  # every partition failed: answer without going upstream
-                result = Respond(self._merge_partition_errors(build(response_type(api_key, version)), pending))
-        if isinstance(result, Close):
-            raise ProtocolViolation(f"closed by interceptor: {result.reason}")
-        if isinstance(result, Respond | Reject):
-            if expects:
-                body = (
-                    result.response
-                    if isinstance(result, Respond)
-                    else error_response(
-                        api_key,
-                        version,
-                        ctx.request if ctx.request is not None else original,
-                        result.error_code,
-                        result.message,
-                    )
-                )
-                pending.local = encode_response(body, header.correlation_id)
+        if outcome.request is None:  # answered by an interceptor
+            if expects and outcome.answer is not None:
+                pending.local = encode_response(outcome.answer, header.correlation_id)
                 await send.send(pending)
             return
         pending.upstream_corr = self._upstream_corr()
-        pending.request = ctx.request
+        pending.request = outcome.request
         pending.forwarded = time.perf_counter()
-        if ctx.request is original:
+        if outcome.request is original:
             set_request_correlation_id(frame, pending.upstream_corr)
             out = frame
         else:
-            out = encode_request(ctx.request, pending.upstream_corr, header.client_id)
-        if pending.partition_errors:
+            out = encode_request(outcome.request, pending.upstream_corr, header.client_id)
+        if pending.failures:
             pending.decode = True
         if expects:
             await send.send(pending)
@@ -464,62 +465,36 @@ class ClientConnection:
             self._unanswered.append(pending.upstream_corr)
         await self._send_upstream(out)
 
-    async def _produce_records(self, ctx: RequestContext, chain: ResolvedChain, pending: Pending) -> Any:
-        """Runs the produce record hooks per partition; returns the request to forward (None when
-        no partition is left)."""
-        request = ctx.request
-        topics = []
-        changed = False
-        for topic in request.topic_data:
-            name = await self._topic_name(topic)
-            partitions = []
-            for part in topic.partition_data:
-                records = RecordSet.parse(part.records)
-                rctx = RecordsContext(
-                    self.info, ctx.api_key, ctx.api_version, ctx.client_id, name, int(part.index), records
-                )
-                outcome = await self._hooks(chain.produce_records, rctx, "produce_records", ctx.api_key, chain)
-                if isinstance(outcome, PartitionError):
-                    pending.partition_errors.append((name, getattr(topic, "topic_id", None), int(part.index), outcome))
-                    changed = True
-                    continue
-                if records.changed():
-                    part = replace(part, records=records.to_bytes())
-                    changed = True
-                partitions.append(part)
-            if partitions:
-                topics.append(replace(topic, partition_data=tuple(partitions)) if changed else topic)
-        if not topics:
-            return None
-        return replace(request, topic_data=tuple(topics)) if changed else request
+    async def _send_own_request(self, request: Any) -> Any:
+        """``RequestContext.send_request``: an interceptor's request on this client's upstream
+        connection, answered in turn by the writer (a broker answers a connection in order)."""
+        assert self._requests is not None
+        api_key, version = int(request.__api_key__), int(request.__version__)
+        internal = _Internal()
+        pending = Pending(-1, api_key, version, None, self._upstream_corr(), internal=internal)
+        await self._requests.send(pending)
+        await self._send_upstream(encode_request(request, pending.upstream_corr, "kanal-interceptor"))
+        await internal.done.wait()
+        if internal.error is not None:
+            raise internal.error
+        return internal.response
 
-    async def _topic_name(self, topic: Any) -> str:
-        """The name of a Produce or Fetch topic entry, which may carry only a topic id (v13+)."""
-        name = getattr(topic, "name", None) or getattr(topic, "topic", None)
-        if name:
-            return str(name)
-        return await self.gateway.topic_name(topic.topic_id)
+    async def _send_gateway_request(self, request: Any) -> Any:
+        """``ResponseContext.send_request``: on the gateway's own connection to this client's broker."""
+        return await self.gateway.kafka.call(request, node_id=self.info.node_id)
 
-    def _merge_partition_errors(self, response: Any, pending: Pending) -> Any:
-        """Adds the partitions that record hooks failed to a Produce response."""
-        if not pending.partition_errors:
-            return response
-        topic_cls = nested(type(response), "responses")
-        part_cls = nested(topic_cls, "partition_responses")
-        by_name = has_field(topic_cls, "name")
-        topics = {t.name if by_name else t.topic_id: t for t in response.responses}
-        for name, topic_id, index, error in pending.partition_errors:
-            extra: dict[str, Any] = {"log_start_offset": -1} if has_field(part_cls, "log_start_offset") else {}
-            if has_field(part_cls, "error_message"):
-                extra["error_message"] = error.message
-            entry = build(part_cls, index=index, error_code=ErrorCode(error.error_code), base_offset=-1, **extra)
-            key = name if by_name else topic_id
-            topic = topics.get(key)
-            if topic is None:
-                topics[key] = build(topic_cls, **{"name" if by_name else "topic_id": key}, partition_responses=(entry,))
-            else:
-                topics[key] = replace(topic, partition_responses=(*topic.partition_responses, entry))
-        return replace(response, responses=tuple(topics.values()))
+    async def _answer_internal(self, pending: Pending) -> None:
+        internal = pending.internal
+        assert internal is not None
+        try:
+            frame = await self._upstream_response(pending.upstream_corr)
+            assert isinstance(frame, bytearray)
+            internal.response = decode_response(pending.api_key, pending.api_version, frame)
+        except BaseException as exc:
+            internal.error = exc if isinstance(exc, Exception) else ConnectionError("connection closed")
+            raise
+        finally:
+            internal.done.set()
 
     # -- responses ---------------------------------------------------------------------------
 
@@ -538,21 +513,12 @@ class ClientConnection:
             log.debug("forwarding undecodable %s response as is: %s", api_name(api_key), exc)
             return frame
         original = body
-        gateway = self.gateway
-        if api_key == ApiKey.API_VERSIONS:
-            body = intersect(body) or body
-        elif api_key in (ApiKey.METADATA, ApiKey.DESCRIBE_CLUSTER):
-            gateway.learn_brokers(broker_addresses(api_key, body))
-            gateway.topic_names.learn(api_key, body)
-        if carries_addresses(api_key, pending.api_version):
-            body = rewrite_addresses(api_key, body, gateway.advertised_address) or body
-        if pending.partition_errors:
-            body = self._merge_partition_errors(body, pending)
-        chain = self.chain()
-        if api_key == ApiKey.FETCH and chain.fetch_records:
-            body = await self._fetch_records(body, pending, chain)
-        hooks = chain.responses_for(api_key)
-        if hooks:
+        body = self.gateway.core_rules.response(api_key, pending.api_version, body)
+        if pending.failures:
+            body = merge_partition_errors(body, pending.failures)
+        dispatcher = self.dispatcher()
+        chain = dispatcher.chain
+        if chain.responses_for(api_key) or (api_key == ApiKey.FETCH and chain.fetch_records):
             ctx = ResponseContext(
                 self.info,
                 api_key,
@@ -561,47 +527,14 @@ class ClientConnection:
                 pending.client_id,
                 pending.request,
                 body,
-                gateway.topic_names,
+                self.gateway.resolving_topic_names,
+                pending.notes,
+                _sender=self._send_gateway_request,
             )
-            result = await self._hooks(hooks, ctx, "response", api_key, chain)
-            if isinstance(result, Close):
-                raise ProtocolViolation(f"closed by interceptor: {result.reason}")
-            body = result.response if isinstance(result, Respond) else ctx.response
+            body = await dispatcher.response(ctx)
         if body is original:
             return frame
         return encode_response(body, pending.client_corr)
-
-    async def _fetch_records(self, response: Any, pending: Pending, chain: ResolvedChain) -> Any:
-        topics = []
-        changed = False
-        for topic in response.responses:
-            name = await self._topic_name(topic)
-            partitions = []
-            for part in topic.partitions:
-                if part.records is None or part.error_code != 0:
-                    partitions.append(part)
-                    continue
-                records = RecordSet.parse(part.records)
-                rctx = RecordsContext(
-                    self.info,
-                    pending.api_key,
-                    pending.api_version,
-                    pending.client_id,
-                    name,
-                    int(part.partition_index),
-                    records,
-                )
-                outcome = await self._hooks(chain.fetch_records, rctx, "fetch_records", pending.api_key, chain)
-                if isinstance(outcome, PartitionError):
-                    # empty, not null: librdkafka reads a null record set as a broken frame and refetches
-                    part = replace(part, error_code=ErrorCode(outcome.error_code), records=b"")
-                    changed = True
-                elif records.changed():
-                    part = replace(part, records=records.to_bytes())
-                    changed = True
-                partitions.append(part)
-            topics.append(replace(topic, partitions=tuple(partitions)) if changed else topic)
-        return replace(response, responses=tuple(topics)) if changed else response
 
 
 _STREAM_HEAD = 1024  # once this much of them is in: enough for the header and Produce's acks
@@ -623,12 +556,6 @@ class _Discard(trio.abc.SendStream):
 def _sent_before(a: int, b: int) -> bool:
     """Whether upstream correlation id ``a`` was sent before ``b`` (ids wrap at 2**31)."""
     return a != b and ((b - a) & 0x7FFFFFFF) < 0x40000000
-
-
-async def _maybe_await(value: Any) -> Any:
-    if inspect.isawaitable(value):
-        return await value
-    return value
 
 
 async def _send_frame(stream: trio.abc.Stream, frame: bytearray) -> None:

@@ -10,10 +10,11 @@ from typing import Any, TypeVar
 import trio
 from kio.schema.errors import ErrorCode
 
+from kanal.api.errors import UpstreamError
 from kanal.config.upstream import UpstreamSettings
 from kanal.net.channel import KafkaChannel, RequestChannel
 from kanal.net.tls import upstream_context
-from kanal.protocol.api import require_request_class
+from kanal.protocol.api import require_request_class, supported_versions
 from kanal.protocol.entities import build, nested
 from kanal.protocol.sasl import SaslError, mechanism_for
 
@@ -21,10 +22,6 @@ log = logging.getLogger(__name__)
 
 Address = tuple[str, int]
 T = TypeVar("T")
-
-
-class UpstreamError(ConnectionError):
-    """The upstream broker could not be reached or refused the gateway's credentials."""
 
 
 async def _sasl(channel: KafkaChannel, upstream: UpstreamSettings) -> None:
@@ -114,6 +111,21 @@ class UnsupportedVersion(UpstreamError):
 OWN_REQUEST_VERSIONS = {0: (3, 9), 1: (4, 12), 2: (1, 7), 3: (1, 12), 18: (3, 3), 19: (2, 7)}
 
 
+def own_request_class(api_key: int, versions: dict[int, tuple[int, int]]) -> Any:
+    """The request class of ``api_key`` at the highest version that ``versions`` (a broker's
+    ApiVersions; empty: not known yet) allows, within :data:`OWN_REQUEST_VERSIONS` for the APIs listed
+    there and within what the gateway speaks for the others."""
+    known = supported_versions(api_key)
+    if known is None:
+        raise UnsupportedVersion(f"the gateway does not speak api key {api_key}")
+    lowest, highest = OWN_REQUEST_VERSIONS.get(api_key, known)
+    low, high = versions.get(api_key, (0, highest))
+    version = min(high, highest)
+    if version < max(low, lowest):
+        raise UnsupportedVersion(f"the upstream does not support api key {api_key} at versions {lowest}-{highest}")
+    return require_request_class(api_key, version)
+
+
 class BrokerCalls:
     """One connection to one broker for the gateway's own requests, with the API versions the
     broker offers: each request goes at the highest version both sides know."""
@@ -132,12 +144,7 @@ class BrokerCalls:
     def request_class(self, api_key: int) -> Any:
         """The request class of ``api_key`` at the highest version of :data:`OWN_REQUEST_VERSIONS`
         that the broker offers."""
-        lowest, highest = OWN_REQUEST_VERSIONS[api_key]
-        low, high = self.versions.get(api_key, (0, highest))
-        version = min(high, highest)
-        if version < max(low, lowest):
-            raise UnsupportedVersion(f"the upstream does not support api key {api_key} at versions {lowest}-{highest}")
-        return require_request_class(api_key, version)
+        return own_request_class(api_key, self.versions)
 
     async def call(self, body: Any, timeout: float) -> Any:
         with trio.fail_after(timeout):

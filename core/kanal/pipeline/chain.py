@@ -13,8 +13,9 @@ from typing import Any
 
 import pluggy
 
-from kanal.pipeline.hookspecs import PROJECT, InterceptorHooks
-from kanal.pipeline.interceptor import Interceptor, InterceptorConfigError, InterceptorSpec
+from kanal.api.hookspecs import PROJECT, InterceptorHooks
+from kanal.api.interceptor import Interceptor, InterceptorConfigError, InterceptorSpec, validate_config
+from kanal.api.services import GatewayServices
 from kanal.pipeline.registry import PluginRegistry
 from kanal.protocol.api import ApiKey
 
@@ -41,18 +42,37 @@ class Configured:
     hooks: dict[str, Hook]
 
 
-def instantiate(spec: InterceptorSpec, registry: PluginRegistry) -> Configured:
-    """Creates and validates one interceptor; errors name the interceptor and the problem."""
+ServicesFor = Callable[[str], GatewayServices]
+
+
+def check(spec: InterceptorSpec, registry: PluginRegistry) -> tuple[type[Interceptor], Any]:
+    """The type of an interceptor and its validated config, without constructing it (the admin API's
+    validation: a 400 naming the field)."""
     cls = registry.interceptor_type(spec.plugin)
     if cls is None:
         known = ", ".join(sorted(registry.interceptor_types())) or "none installed"
         raise InterceptorConfigError(f"interceptor {spec.name!r}: unknown plugin {spec.plugin!r} (known: {known})")
     try:
-        instance = cls(spec.config)
+        return cls, validate_config(cls, spec.config)
+    except InterceptorConfigError as exc:
+        raise InterceptorConfigError(f"interceptor {spec.name!r} ({spec.plugin}): {exc}") from exc
+
+
+def instantiate(spec: InterceptorSpec, registry: PluginRegistry, services_for: ServicesFor) -> Configured:
+    """Creates one interceptor from its validated config; errors name the interceptor and the problem."""
+    cls, config = check(spec, registry)
+    try:
+        instance = cls(config, services_for(registry.plugin_of(cls.plugin_name) or cls.plugin_name))
     except InterceptorConfigError as exc:
         raise InterceptorConfigError(f"interceptor {spec.name!r} ({spec.plugin}): {exc}") from exc
     except (TypeError, ValueError, KeyError) as exc:
         raise InterceptorConfigError(f"interceptor {spec.name!r} ({spec.plugin}): invalid config: {exc}") from exc
+    return configured(spec, instance)
+
+
+def configured(spec: InterceptorSpec, instance: Interceptor) -> Configured:
+    """An interceptor with its hooks, checked against the hookspecs (a misspelt hook name, a wrong
+    argument name: refused naming the interceptor)."""
     manager = pluggy.PluginManager(PROJECT)
     manager.add_hookspecs(InterceptorHooks)
     try:
@@ -67,49 +87,57 @@ def instantiate(spec: InterceptorSpec, registry: PluginRegistry) -> Configured:
     return Configured(spec, instance, hooks)
 
 
+@dataclass(frozen=True, slots=True)
+class Entry:
+    """One interceptor's hook in a resolved chain. ``position`` is the interceptor's place in the
+    chain (0 outermost): it decides which response hooks a short-circuit goes back through, and
+    whose notes a hook sees."""
+
+    position: int
+    name: str
+    hook: Hook
+
+
 @dataclass(slots=True)
 class ResolvedChain:
-    """The interceptors that apply to one connection identity, in order, as callables."""
+    """The interceptors that apply to one connection identity, in order, as callables.
+
+    Request-direction lists are in chain order (1→n); response-direction lists in reverse (n→1),
+    the onion of :mod:`kanal.pipeline.dispatch`.
+    """
 
     interceptors: tuple[Configured, ...]
-    opened: list[Hook] = field(default_factory=list)
-    closed: list[Hook] = field(default_factory=list)
-    produce_records: list[Hook] = field(default_factory=list)
+    opened: list[Entry] = field(default_factory=list)
+    closed: list[Entry] = field(default_factory=list)
+    produce_records: list[Entry] = field(default_factory=list)
     produce_wants: list[Callable[[str], bool]] = field(default_factory=list)
-    fetch_records: list[Hook] = field(default_factory=list)
-    _requests: dict[int, list[Hook]] = field(default_factory=dict)
-    _responses: dict[int, list[Hook]] = field(default_factory=dict)
+    fetch_records: list[Entry] = field(default_factory=list)
+    _requests: dict[int, list[Entry]] = field(default_factory=dict)
+    _responses: dict[int, list[Entry]] = field(default_factory=dict)
     _always_decoded: dict[int, bool] = field(default_factory=dict)
 
-    def requests_for(self, api_key: int) -> list[Hook]:
-        """The ``kanal_request`` hooks that asked for this API, in priority order."""
+    def requests_for(self, api_key: int) -> list[Entry]:
+        """The ``kanal_request`` hooks that asked for this API, in chain order."""
         hooks = self._requests.get(api_key)
         if hooks is None:
             hooks = self._requests[api_key] = self._select("kanal_request", "request_api_keys", api_key)
         return hooks
 
-    def responses_for(self, api_key: int) -> list[Hook]:
-        """The ``kanal_response`` hooks that asked for this API, in priority order."""
+    def responses_for(self, api_key: int) -> list[Entry]:
+        """The ``kanal_response`` hooks that asked for this API, innermost first (n→1)."""
         hooks = self._responses.get(api_key)
         if hooks is None:
-            hooks = self._responses[api_key] = self._select("kanal_response", "response_api_keys", api_key)
+            selected = self._select("kanal_response", "response_api_keys", api_key)
+            hooks = self._responses[api_key] = selected[::-1]
         return hooks
 
-    def _select(self, hook_name: str, keys_attr: str, api_key: int) -> list[Hook]:
+    def _select(self, hook_name: str, keys_attr: str, api_key: int) -> list[Entry]:
         selected = []
-        for item in self.interceptors:
+        for position, item in enumerate(self.interceptors):
             keys = getattr(type(item.instance), keys_attr)
             if hook_name in item.hooks and (keys is None or api_key in keys):
-                selected.append(item.hooks[hook_name])
+                selected.append(Entry(position, item.spec.name, item.hooks[hook_name]))
         return selected
-
-    def name_of(self, hook: Hook) -> str:
-        """The name of the interceptor a hook belongs to (for metrics and logs)."""
-        owner = getattr(hook, "__self__", None)
-        for item in self.interceptors:
-            if item.instance is owner:
-                return item.spec.name
-        return ""
 
     def decode_request(self, api_key: int) -> bool:
         """Whether requests of this API must be decoded for a hook (Produce: see :meth:`decode_produce`)."""
@@ -133,9 +161,9 @@ class ResolvedChain:
             return True
         always = self._always_decoded.get(api_key)
         if always is None:
-            owners = {getattr(hook, "__self__", None) for hook in self.responses_for(api_key)}
+            positions = {entry.position for entry in self.responses_for(api_key)}
             always = self._always_decoded[api_key] = any(
-                not type(item.instance).responses_on_demand for item in self.interceptors if item.instance in owners
+                not type(self.interceptors[position].instance).responses_on_demand for position in positions
             )
         return always
 
@@ -150,9 +178,9 @@ def _wants(want: Callable[[str], bool], topic: str) -> bool:
         return True
 
 
-def _build(interceptors: Sequence[Configured]) -> ResolvedChain:
+def build_chain(interceptors: Sequence[Configured]) -> ResolvedChain:
     chain = ResolvedChain(tuple(interceptors))
-    for item in interceptors:
+    for position, item in enumerate(interceptors):
         hooks = item.hooks
         for hook_name, target in (
             ("kanal_connection_opened", chain.opened),
@@ -161,9 +189,11 @@ def _build(interceptors: Sequence[Configured]) -> ResolvedChain:
             ("kanal_fetch_records", chain.fetch_records),
         ):
             if hook_name in hooks:
-                target.append(hooks[hook_name])
+                target.append(Entry(position, item.spec.name, hooks[hook_name]))
         if "kanal_produce_records" in hooks:
             chain.produce_wants.append(item.instance.wants_produce_records)
+    chain.closed.reverse()
+    chain.fetch_records.reverse()
     return chain
 
 
@@ -176,29 +206,66 @@ class Pipeline:
     any of them changes, so connections pick up a new chain on their next request without locks.
     """
 
-    def __init__(self, registry: PluginRegistry) -> None:
+    def __init__(
+        self,
+        registry: PluginRegistry,
+        services_for: ServicesFor,
+        retire: Callable[[Interceptor], None] = lambda interceptor: None,
+    ) -> None:
         self.registry = registry
+        self.services_for = services_for
+        self.retire = retire  # called with each interceptor replaced or removed, to be closed
         self.version = 0
         self._sources: dict[str, dict[tuple[str, Any], Configured]] = {}
         self._cache: dict[tuple[str | None, tuple[str, ...], str | None], ResolvedChain] = {}
 
-    def configure(self, specs: Sequence[InterceptorSpec], source: str = "config") -> None:
+    def configure(
+        self,
+        specs: Sequence[InterceptorSpec],
+        source: str = "config",
+        failed: dict[tuple[str, Any], str] | None = None,
+    ) -> None:
         """Replaces the interceptors of one source; raises before changing anything if one spec is
-        invalid or takes a name and scope another source already has."""
+        invalid or takes a name and scope another source already has. With ``failed``, a spec whose
+        interceptor cannot be created is left out instead, its error recorded there by (name, scope)."""
         taken = {key: name for name, items in self._sources.items() if name != source for key in items}
+        previous = self._sources.get(source, {})
         configured: dict[tuple[str, Any], Configured] = {}
-        for spec in specs:
-            key = (spec.name, spec.scope)
-            if key in configured:
-                raise InterceptorConfigError(f"interceptor {spec.name!r} is defined twice for the same scope")
-            if key in taken:
-                raise InterceptorConfigError(
-                    f"interceptor {spec.name!r} with this scope is already defined by {taken[key]}"
-                )
-            configured[key] = instantiate(spec, self.registry)
+        try:
+            for spec in specs:
+                key = (spec.name, spec.scope)
+                if key in configured:
+                    raise InterceptorConfigError(f"interceptor {spec.name!r} is defined twice for the same scope")
+                if key in taken:
+                    raise InterceptorConfigError(
+                        f"interceptor {spec.name!r} with this scope is already defined by {taken[key]}"
+                    )
+                kept = previous.get(key)
+                if kept is not None and kept.spec == spec:
+                    configured[key] = kept  # unchanged: keeps what it holds (caches, connections)
+                    continue
+                try:
+                    configured[key] = instantiate(spec, self.registry, self.services_for)
+                except InterceptorConfigError as exc:
+                    if failed is None:
+                        raise
+                    failed[key] = str(exc)
+        except BaseException:
+            for item in configured.values():
+                if item not in previous.values():
+                    self.retire(item.instance)
+            raise
         self._sources[source] = configured
         self._cache.clear()
         self.version += 1
+        kept_now = {id(item.instance) for item in configured.values()}
+        for item in previous.values():
+            if id(item.instance) not in kept_now:
+                self.retire(item.instance)
+
+    def instances(self) -> list[Interceptor]:
+        """Every live interceptor, of every source."""
+        return [c.instance for items in self._sources.values() for c in items.values()]
 
     def specs(self, source: str | None = None) -> list[InterceptorSpec]:
         """The configured interceptors, of one source or of all."""
@@ -221,5 +288,5 @@ class Pipeline:
                 if current is None or item.spec.scope.specificity() > current.spec.scope.specificity():
                     chosen[item.spec.name] = item
             ordered = sorted(chosen.values(), key=lambda c: (c.spec.priority, c.spec.name))
-            chain = self._cache[key] = _build(ordered)
+            chain = self._cache[key] = build_chain(ordered)
         return chain

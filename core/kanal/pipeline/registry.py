@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from importlib.metadata import entry_points
 from typing import Any, cast
 
 import pluggy
 
-from kanal.pipeline.hookspecs import PROJECT, PluginHooks
-from kanal.pipeline.interceptor import Interceptor
+from kanal.api.hookspecs import PROJECT, PluginHooks
+from kanal.api.interceptor import Interceptor
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +61,16 @@ class PluginRegistry:
             )
         self._types[cls.plugin_name] = cls
         self._origin[cls.plugin_name] = plugin_name
+
+    def call_each(self, hook_name: str, services_for: Callable[[str], Any], **kwargs: Any) -> list[tuple[str, Any]]:
+        """Calls a plugin hook of every plugin that implements it, each with its own ``services``
+        (``services_for(plugin name)``) besides ``kwargs``; returns (plugin name, result) pairs."""
+        results = []
+        for impl in getattr(self.manager.hook, hook_name).get_hookimpls():
+            name = self.manager.get_name(impl.plugin) or "?"
+            arguments = {**kwargs, "services": services_for(name)}
+            results.append((name, impl.function(**{arg: arguments[arg] for arg in impl.argnames})))
+        return results
 
     def interceptor_type(self, name: str) -> type[Interceptor] | None:
         """The type named ``name`` (its plugin_name, or ``module:Class``)."""

@@ -1,4 +1,4 @@
-"""Helpers of the integration tests: gateway environment, config file, gateway process.
+"""Helpers of the tests: interceptors made as the gateway makes them; gateway config and process.
 
 Kanal's embedded helpers (``kanal.embedded``) start the gateway as a child process. The gateway
 finds this plugin the way a production gateway would: through the ``kanal.plugins`` entry point of
@@ -10,10 +10,19 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import yaml
 from kanal.embedded import GatewayProcess, TansuBroker
+from kanal.testing import Harness
+
+from kanal_header_injection import HeaderInjection
+
+
+def header_injection(config: Mapping[str, Any]) -> HeaderInjection:
+    """An interceptor as the gateway creates one: ``config`` validated against the plugin's schema by
+    Kanal (raising :class:`~kanal.api.InterceptorConfigError` naming the key), then the constructor."""
+    return cast(HeaderInjection, Harness().add(HeaderInjection, config))
 
 
 def write_config(directory: Path, interceptors: Sequence[Mapping[str, Any]]) -> Path:

@@ -1,45 +1,53 @@
-"""Config validation: every mistake is an InterceptorConfigError whose message starts with the key."""
+"""Config validation: every mistake is an InterceptorConfigError whose message starts with the key.
+
+Kanal checks the config against the plugin's JSON schema before the constructor runs (types,
+required and unknown keys, empty values); the constructor checks the rest (templates, regexes).
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
 import pytest
+from header_injection_helpers import header_injection
+from kanal.api import InterceptorConfigError, InterceptorSpec
 from kanal.pipeline.chain import Pipeline
-from kanal.pipeline.interceptor import InterceptorConfigError, InterceptorSpec
 from kanal.pipeline.registry import PluginRegistry
+from kanal.testing import FakeServices
 
 import kanal_header_injection
-from kanal_header_injection import HeaderInjection
 
 
 @pytest.mark.parametrize(
     ("config", "key", "detail"),
     [
+        # refused by Kanal, from the schema
         ({}, "headers", "required"),
-        ({"headers": None}, "headers", "required"),
-        ({"headers": {}}, "headers", "non-empty mapping"),
-        ({"headers": ["x-origin"]}, "headers", "non-empty mapping"),
-        ({"headers": {"": "v"}}, "headers", "non-empty strings"),
-        ({"headers": {1: "v"}}, "headers", "non-empty strings"),
-        ({"headers": {"x-a": True}}, "headers.x-a", "a string, a number or null"),
-        ({"headers": {"x-a": ["v"]}}, "headers.x-a", "a string, a number or null"),
+        ({"headers": None}, "headers", "not of type 'object'"),
+        ({"headers": {}}, "headers", "should be non-empty"),
+        ({"headers": ["x-origin"]}, "headers", "not of type 'object'"),
+        ({"headers": {"": "v"}}, "headers", "'' should be non-empty"),
+        ({"headers": {1: "v"}}, "headers", "1 is not of type 'string'"),
+        ({"headers": {"x-a": True}}, "headers.x-a", "not of type 'string', 'number', 'null'"),
+        ({"headers": {"x-a": ["v"]}}, "headers.x-a", "not of type 'string', 'number', 'null'"),
+        ({"headers": {"x": "v"}, "topics": "orders"}, "topics", "not of type 'array'"),
+        ({"headers": {"x": "v"}, "topics": []}, "topics", "should be non-empty"),
+        ({"headers": {"x": "v"}, "topics": ["ok", 3]}, "topics.1", "not of type 'string'"),
+        ({"headers": {"x": "v"}, "topics": ["ok", ""]}, "topics.1", "should be non-empty"),
+        ({"headers": {"x": "v"}, "overrideIfExists": "yes"}, "overrideIfExists", "not of type 'boolean'"),
+        ({"headers": {"x": "v"}, "override": True}, "override", "unknown key"),
+        # refused by the constructor
         ({"headers": {"x-a": "{{clientid}}"}}, "headers.x-a", "unknown template variable {{clientid}}"),
         ({"headers": {"x-a": "{{client_address}}"}}, "headers.x-a", "unknown template variable"),
         ({"headers": {"x-a": "{{clientId}"}}, "headers.x-a", "does not start a template variable"),
         ({"headers": {"x-a": "{{ {{topic}}"}}, "headers.x-a", "does not start a template variable"),
         ({"headers": {"x-a": "${HOSTNAME}"}}, "headers.x-a", "placeholder"),
-        ({"headers": {"x": "v"}, "topics": "orders"}, "topics", "non-empty list"),
-        ({"headers": {"x": "v"}, "topics": []}, "topics", "non-empty list"),
-        ({"headers": {"x": "v"}, "topics": ["ok", 3]}, "topics[1]", "non-empty string"),
-        ({"headers": {"x": "v"}, "topics": ["ok", "orders-(eu"]}, "topics[1]", "invalid regular expression"),
-        ({"headers": {"x": "v"}, "overrideIfExists": "yes"}, "overrideIfExists", "true or false"),
-        ({"headers": {"x": "v"}, "override": True}, "override", "unknown key"),
+        ({"headers": {"x": "v"}, "topics": ["ok", "orders-(eu"]}, "topics.1", "invalid regular expression"),
     ],
 )
 def test_bad_config_names_the_key(config: dict[str, Any], key: str, detail: str) -> None:
     with pytest.raises(InterceptorConfigError) as info:
-        HeaderInjection(config)
+        header_injection(config)
     message = str(info.value)
     assert message.startswith(f"{key}: "), message
     assert detail in message
@@ -54,12 +62,19 @@ def test_bad_config_names_the_key(config: dict[str, Any], key: str, detail: str)
     ],
 )
 def test_good_config(config: dict[str, Any]) -> None:
-    HeaderInjection(config)
+    header_injection(config)
 
 
-def test_the_gateway_reports_the_interceptor_name_and_the_key() -> None:
+@pytest.mark.parametrize(
+    ("config", "where"),
+    [
+        ({"headers": {"x-a": "{{nope}}"}}, r"headers\.x-a: "),  # the constructor's check
+        ({"headers": {"x-a": True}}, r"headers\.x-a: "),  # the schema's
+    ],
+)
+def test_the_gateway_reports_the_interceptor_name_and_the_key(config: dict[str, Any], where: str) -> None:
     registry = PluginRegistry()
     registry.register(kanal_header_injection, "header-injection")
-    spec = InterceptorSpec("add-origin", "header-injection", config={"headers": {"x-a": "{{nope}}"}})
-    with pytest.raises(InterceptorConfigError, match=r"interceptor 'add-origin' \(header-injection\): headers\.x-a: "):
-        Pipeline(registry).configure([spec])
+    spec = InterceptorSpec("add-origin", "header-injection", config=config)
+    with pytest.raises(InterceptorConfigError, match=r"interceptor 'add-origin' \(header-injection\): " + where):
+        Pipeline(registry, lambda plugin: FakeServices()).configure([spec])

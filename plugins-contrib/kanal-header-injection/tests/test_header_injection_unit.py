@@ -1,8 +1,8 @@
 """Unit tests of the header-injection interceptor on record sets built with Kanal's record codec.
 
-Each test builds a Produce partition's records with ``kanal.protocol.records.encode_batch``, runs
-the hook as the gateway would (one call per topic-partition), then parses the bytes the gateway
-would forward and checks them.
+Each test builds a Produce partition's records with ``kanal.api.encode_batch``, runs the hook as
+the gateway would (one call per topic-partition, on an interceptor whose config Kanal validated),
+then parses the bytes the gateway would forward and checks them.
 """
 
 from __future__ import annotations
@@ -11,27 +11,30 @@ from collections.abc import Mapping
 from typing import Any
 
 import pytest
-from kanal.pipeline.chain import Pipeline
-from kanal.pipeline.context import Connection, RecordsContext
-from kanal.pipeline.interceptor import InterceptorSpec
-from kanal.pipeline.registry import PluginRegistry
-from kanal.protocol.api import ApiKey
-from kanal.protocol.records import (
-    CONTROL_COMMIT,
+from header_injection_helpers import header_injection
+from kanal.api import (
     GZIP,
     LZ4,
     NONE,
     SNAPPY,
     ZSTD,
+    ApiKey,
+    Connection,
     Headers,
+    InterceptorSpec,
     Record,
     RecordBatch,
+    RecordsContext,
     RecordSet,
     encode_batch,
 )
+from kanal.pipeline.chain import Pipeline
+from kanal.pipeline.registry import PluginRegistry
+from kanal.testing import FakeServices
 
 from kanal_header_injection import HeaderInjection, kanal_interceptor_types
 
+CONTROL_COMMIT = 1  # the control type of a transaction's commit marker
 BASE_TS = 1_700_000_000_123  # ms; deltas below make every record's timestamp distinct
 CLIENT_ADDRESS = "10.1.2.3:54321"
 
@@ -71,7 +74,7 @@ def context(data: bytes, topic: str = "orders", partition: int = 2, client_id: s
 def run(config: Mapping[str, Any], data: bytes, **where: Any) -> tuple[RecordsContext, bytes | None]:
     """Runs the hook on ``data``; returns the context and the bytes the gateway would forward."""
     ctx = context(data, **where)
-    assert HeaderInjection(config).kanal_produce_records(ctx) is None
+    assert header_injection(config).kanal_produce_records(ctx) is None
     return ctx, ctx.records.to_bytes()
 
 
@@ -190,9 +193,9 @@ def test_topics_not_selected_are_forwarded_byte_for_byte() -> None:
     assert headers_of(out)[0][-1] == ("x-origin", b"kanal")
     _, out = run(config, data, topic="orders")
     assert headers_of(out)[0][-1] == ("x-origin", b"kanal")
-    interceptor = HeaderInjection(config)  # requests for other topics are not even decoded
+    interceptor = header_injection(config)  # requests for other topics are not even decoded
     assert [interceptor.wants_produce_records(t) for t in ("orders", "pay-1", "orders-eu")] == [True, True, False]
-    assert HeaderInjection({"headers": {"x-origin": "kanal"}}).wants_produce_records("anything")
+    assert header_injection({"headers": {"x-origin": "kanal"}}).wants_produce_records("anything")
 
 
 def test_every_batch_of_the_partition_is_changed_and_control_batches_are_not() -> None:
@@ -219,14 +222,14 @@ def test_every_batch_of_the_partition_is_changed_and_control_batches_are_not() -
 def test_null_records_are_left_alone() -> None:
     ctx = context(b"")
     ctx.records = RecordSet.parse(None)
-    assert HeaderInjection({"headers": {"x": "y"}}).kanal_produce_records(ctx) is None
+    assert header_injection({"headers": {"x": "y"}}).kanal_produce_records(ctx) is None
     assert ctx.records.to_bytes() is None
 
 
 def test_a_later_interceptor_can_edit_headers_in_place() -> None:
     """Every record gets its own header list, so in-place edits by the next interceptor stay local."""
     ctx = context(producer_batch(make_records(3, headers=[])))
-    HeaderInjection({"headers": {"x-origin": "kanal"}}).kanal_produce_records(ctx)
+    header_injection({"headers": {"x-origin": "kanal"}}).kanal_produce_records(ctx)
     records = ctx.records.batches[0].records()
     records[0].headers.append(("only-first", b"1"))
     assert [len(r.headers) for r in records] == [2, 1, 1]
@@ -234,8 +237,8 @@ def test_a_later_interceptor_can_edit_headers_in_place() -> None:
 
 def test_two_instances_chain() -> None:
     ctx = context(producer_batch(make_records(1, headers=[("x-env", b"dev")])))
-    HeaderInjection({"headers": {"x-origin": "kanal", "x-env": "ignored"}}).kanal_produce_records(ctx)
-    HeaderInjection({"headers": {"x-env": "prod"}, "overrideIfExists": True}).kanal_produce_records(ctx)
+    header_injection({"headers": {"x-origin": "kanal", "x-env": "ignored"}}).kanal_produce_records(ctx)
+    header_injection({"headers": {"x-env": "prod"}, "overrideIfExists": True}).kanal_produce_records(ctx)
     assert headers_of(ctx.records.to_bytes()) == [[("x-origin", b"kanal"), ("x-env", b"prod")]]
 
 
@@ -254,7 +257,7 @@ def test_installed_entry_point_is_found_and_only_produce_is_decoded() -> None:
     assert registry.interceptor_type("header-injection") is HeaderInjection, (
         "kanal-header-injection is not installed: its kanal.plugins entry point was not found"
     )
-    pipeline = Pipeline(registry)
+    pipeline = Pipeline(registry, lambda plugin: FakeServices())
     pipeline.configure([InterceptorSpec("add-origin", "header-injection", config={"headers": {"x-origin": "kanal"}})])
     chain = pipeline.resolve()
     assert len(chain.produce_records) == 1

@@ -1,5 +1,8 @@
 """A registry proxy in a thread of its own, for tests: ``with ProxyThread(env) as proxy: proxy.url``.
 
+Its topic-acl and reactive modes reach Kafka through a :class:`~kanal.api.CliContext`, as
+``kanal registry-proxy`` does: ``ProxyThread(env, cli=...)``.
+
 Also: :func:`license_pair` (a key pair and a token signed with it) and :func:`credentials_file`.
 """
 
@@ -14,9 +17,10 @@ from pathlib import Path
 
 import trio
 
+from kanal.api import CliContext
 from kanal_registry_proxy.auth_basic import hash_password
 from kanal_registry_proxy.license import generate_keypair, issue
-from kanal_registry_proxy.service import ProxyService
+from kanal_registry_proxy.service import ProxyService, standalone
 from kanal_registry_proxy.settings import load_settings
 
 
@@ -34,11 +38,12 @@ def credentials_file(path: Path, users: Mapping[str, str], rounds: int = 4) -> P
 
 
 class ProxyThread:
-    """Builds a :class:`ProxyService` from ``env`` (startup checks raise here) and serves it."""
+    """Builds a :class:`ProxyService` from ``env`` (startup checks raise here) and serves it; with
+    ``cli``, Kafka as that command line reaches it (needed by the topic-acl and reactive modes)."""
 
-    def __init__(self, env: Mapping[str, str]) -> None:
+    def __init__(self, env: Mapping[str, str], cli: CliContext | None = None) -> None:
         settings = load_settings({"SRP_HTTP_PORT": "0", "SRP_BIND_HOST": "127.0.0.1", **env})
-        self.service = ProxyService(settings)
+        self.service = ProxyService(settings) if cli is None else standalone(settings, cli)
         self.url = ""
         self._thread: threading.Thread | None = None
         self._token: trio.lowlevel.TrioToken | None = None

@@ -1,7 +1,7 @@
 """Kafka record batches (magic v2) and their compression codecs, sans-I/O.
 
 See ``batch`` for the lazy, byte-exact batch model, ``compression`` for the codecs and ``values`` for
-the values of a batch's records in one call.
+the record walk (values, spans, headers, skipping and writing records without ``Record`` objects).
 """
 
 from .batch import (
@@ -18,8 +18,17 @@ from .batch import (
 )
 from .compression import GZIP, LZ4, NONE, SNAPPY, ZSTD, UnsupportedCodecError, compress, decompress
 from .errors import CorruptRecordError
-from .values import record_values, records_area
-from .varint import ZIGZAG_TABLE, ZIGZAG_TABLE_SIZE, read_zigzag, zigzag_bytes
+from .values import (
+    RecordSpan,
+    encode_varint,
+    record_headers,
+    record_spans,
+    record_values,
+    record_walker,
+    records_area,
+    skip_records,
+    write_record,
+)
 
 __all__ = [
     "CONTROL_ABORT",
@@ -31,20 +40,23 @@ __all__ = [
     "LZ4",
     "NONE",
     "SNAPPY",
-    "ZIGZAG_TABLE",
-    "ZIGZAG_TABLE_SIZE",
     "ZSTD",
     "CorruptRecordError",
     "Headers",
     "Record",
     "RecordBatch",
     "RecordSet",
+    "RecordSpan",
     "UnsupportedCodecError",
     "compress",
     "decompress",
     "encode_batch",
-    "read_zigzag",
+    "encode_varint",
+    "record_headers",
+    "record_spans",
     "record_values",
+    "record_walker",
     "records_area",
-    "zigzag_bytes",
+    "skip_records",
+    "write_record",
 ]

@@ -27,9 +27,9 @@ from collections.abc import Iterable, Iterator
 import cramjam
 from crc32c import crc32c
 
+from ._varint import ZIGZAG_TABLE, ZIGZAG_TABLE_SIZE, read_zigzag, zigzag_bytes
 from .compression import CODEC_NAMES, NONE, BytesLike, UnsupportedCodecError, compress, decompress
 from .errors import CorruptRecordError
-from .varint import ZIGZAG_TABLE, ZIGZAG_TABLE_SIZE, read_zigzag, zigzag_bytes
 
 __all__ = [
     "CONTROL_ABORT",
@@ -330,7 +330,7 @@ def _encode_records(records: Iterable[Record]) -> tuple[bytes, int, int, int]:
     return join(parts), count, max_od, max_tsd
 
 
-def _compressed(attributes: int, count: int, body: bytes) -> tuple[int, bytes]:
+def _compressed(attributes: int, count: int, body: BytesLike) -> tuple[int, BytesLike]:
     """Compress a records area with the codec in ``attributes``.
 
     A batch without records gets no records area and codec NONE, as Kafka's own emptied batches
@@ -404,7 +404,7 @@ def encode_batch(
     if last_offset_delta is None:
         last_offset_delta = max_od if count else 0
     max_timestamp = base_timestamp + max_tsd if count else base_timestamp
-    attributes, body = _compressed(attributes, count, body)
+    attributes, area = _compressed(attributes, count, body)
     return _assemble(
         base_offset,
         partition_leader_epoch,
@@ -416,7 +416,7 @@ def encode_batch(
         producer_epoch,
         base_sequence,
         count,
-        body,
+        area,
     )
 
 
@@ -663,7 +663,7 @@ class RecordBatch:
             max_timestamp = self.base_timestamp + max_tsd
         else:  # LogAppendTime or no records: the broker-set value stays
             max_timestamp = self.max_timestamp
-        attributes, body = _compressed(self.attributes, count, body)
+        attributes, area = _compressed(self.attributes, count, body)
         return _assemble(
             self.base_offset,
             self.partition_leader_epoch,
@@ -675,7 +675,33 @@ class RecordBatch:
             self.producer_epoch,
             self.base_sequence,
             count,
-            body,
+            area,
+        )
+
+    def with_records(self, records: BytesLike, count: int, last_offset_delta: int | None = None) -> bytes:
+        """The batch's wire bytes around another records area: ``count`` records already encoded
+        (``records``, uncompressed; e.g. some of this batch's records, copied or rewritten with
+        ``write_record``), compressed with the batch's codec, its CRC computed.
+
+        For plugins that rewrite records without ``Record`` objects. The header fields stay as they
+        are, ``maxTimestamp`` included (it still bounds a subset of the records, and with LogAppendTime
+        it is every record's timestamp), and ``lastOffsetDelta`` unless given, so that consumers still
+        move past the whole batch (see the offsets rule above). No records: no records area and codec
+        NONE, as Kafka's emptied batches.
+        """
+        attributes, area = _compressed(self.attributes, count, records)
+        return _assemble(
+            self.base_offset,
+            self.partition_leader_epoch,
+            attributes,
+            self.last_offset_delta if last_offset_delta is None else last_offset_delta,
+            self.base_timestamp,
+            self.max_timestamp,
+            self.producer_id,
+            self.producer_epoch,
+            self.base_sequence,
+            count,
+            area,
         )
 
     def to_bytes(self) -> bytes:

@@ -6,12 +6,11 @@ and asks it, once at startup, which interceptor types it provides.
 
 from __future__ import annotations
 
-from kanal.pipeline.hookspecs import hookimpl
-from kanal.pipeline.interceptor import Interceptor
+from kanal.api import Interceptor, hookimpl
 
-from kanal_header_injection.interceptor import TEMPLATE_VARIABLES, HeaderInjection
+from kanal_header_injection.interceptor import TEMPLATE_VARIABLES, HeaderInjection, HeaderInjectionConfig
 
-__all__ = ["TEMPLATE_VARIABLES", "HeaderInjection", "kanal_interceptor_types"]
+__all__ = ["TEMPLATE_VARIABLES", "HeaderInjection", "HeaderInjectionConfig", "kanal_interceptor_types"]
 __version__ = "0.1.0"
 
 

@@ -1,6 +1,7 @@
 """The ``header-injection`` interceptor: add configured headers to every record produced.
 
-Config (validated here, in ``__init__``; errors name the key at fault)::
+Config (Kanal validates it against :attr:`HeaderInjection.config_schema` before ``__init__``, which
+checks what a schema cannot: the templates and the regexes; every error names the key at fault)::
 
     headers:                      # required: header name -> value
       x-origin: kanal-gateway     # a literal
@@ -18,14 +19,19 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Mapping
-from typing import Any, ClassVar
+from typing import Any, ClassVar, NotRequired, TypedDict
 
-from kanal.pipeline.context import RecordsContext
-from kanal.pipeline.hookspecs import hookimpl
-from kanal.pipeline.interceptor import Interceptor, InterceptorConfigError
-from kanal.protocol.records import Headers, Record
+from kanal.api import (
+    GatewayServices,
+    Headers,
+    Interceptor,
+    InterceptorConfigError,
+    Record,
+    RecordsContext,
+    hookimpl,
+)
 
-__all__ = ["TEMPLATE_VARIABLES", "HeaderInjection"]
+__all__ = ["TEMPLATE_VARIABLES", "HeaderInjection", "HeaderInjectionConfig"]
 
 #: The template variables a header value may use, and what they stand for.
 TEMPLATE_VARIABLES: Mapping[str, str] = {
@@ -35,7 +41,6 @@ TEMPLATE_VARIABLES: Mapping[str, str] = {
     "partition": "the partition number the records are produced to",
 }
 
-_CONFIG_KEYS = ("headers", "topics", "overrideIfExists")
 _VARIABLE = re.compile(r"\{\{\s*([^{}]*?)\s*\}\}")
 _TOPIC_CACHE_MAX = 10_000
 
@@ -44,6 +49,14 @@ _TOPIC_CACHE_MAX = 10_000
 _Piece = str | tuple[str]
 _Value = bytes | None | tuple[_Piece, ...]
 _Apply = Callable[[list[Record], Headers], None]
+
+
+class HeaderInjectionConfig(TypedDict):
+    """The config as :attr:`HeaderInjection.config_schema` lets it through."""
+
+    headers: dict[str, str | int | float | None]
+    topics: NotRequired[list[str]]
+    overrideIfExists: NotRequired[bool]
 
 
 class HeaderInjection(Interceptor):
@@ -59,6 +72,7 @@ class HeaderInjection(Interceptor):
             "headers": {
                 "type": "object",
                 "minProperties": 1,
+                "propertyNames": {"type": "string", "minLength": 1},
                 "additionalProperties": {"type": ["string", "number", "null"]},
                 "description": "Header name -> value; values may use "
                 + ", ".join("{{" + name + "}}" for name in TEMPLATE_VARIABLES),
@@ -66,7 +80,7 @@ class HeaderInjection(Interceptor):
             "topics": {
                 "type": "array",
                 "minItems": 1,
-                "items": {"type": "string"},
+                "items": {"type": "string", "minLength": 1},
                 "description": "Regexes matched against the whole topic name; default: every topic",
             },
             "overrideIfExists": {
@@ -80,12 +94,11 @@ class HeaderInjection(Interceptor):
     request_api_keys: ClassVar[frozenset[int] | None] = frozenset()
     response_api_keys: ClassVar[frozenset[int] | None] = frozenset()
 
-    def __init__(self, config: Mapping[str, Any]) -> None:
-        super().__init__(config)
-        unknown = sorted(set(config) - set(_CONFIG_KEYS))
-        if unknown:
-            raise InterceptorConfigError(f"{unknown[0]}: unknown key (expected {', '.join(_CONFIG_KEYS)})")
-        self._values = _parse_headers(config.get("headers"))
+    config: HeaderInjectionConfig
+
+    def __init__(self, config: HeaderInjectionConfig, services: GatewayServices) -> None:
+        super().__init__(config, services)
+        self._values = _parse_headers(config["headers"])
         self._names = frozenset(self._values)
         self._templated = any(isinstance(v, tuple) for v in self._values.values())
         # Literal-only headers are rendered once, here; templated ones once per partition batch.
@@ -93,8 +106,6 @@ class HeaderInjection(Interceptor):
         self._topics = _parse_topics(config.get("topics"))
         self._topic_applies: dict[str, bool] = {}
         override = config.get("overrideIfExists", False)
-        if not isinstance(override, bool):
-            raise InterceptorConfigError(f"overrideIfExists: expected true or false, got {override!r}")
         self._apply: _Apply = _replacing(self._names) if override else _keeping(self._names)
 
     # -- the hook
@@ -181,27 +192,16 @@ def _replacing(names: frozenset[str]) -> _Apply:
     return apply
 
 
-# -- config parsing
+# -- config parsing: what the schema cannot check
 
 
-def _parse_headers(headers: object) -> dict[str, _Value]:
-    if headers is None:
-        raise InterceptorConfigError("headers: required, a mapping of header name to value")
-    if not isinstance(headers, Mapping) or not headers:
-        raise InterceptorConfigError(f"headers: expected a non-empty mapping of header name to value, got {headers!r}")
-    values: dict[str, _Value] = {}
-    for name, value in headers.items():
-        if not isinstance(name, str) or not name:
-            raise InterceptorConfigError(f"headers: header names must be non-empty strings, got {name!r}")
-        values[name] = _parse_value(f"headers.{name}", value)
-    return values
+def _parse_headers(headers: Mapping[str, str | int | float | None]) -> dict[str, _Value]:
+    return {name: _parse_value(f"headers.{name}", value) for name, value in headers.items()}
 
 
-def _parse_value(key: str, value: object) -> _Value:
+def _parse_value(key: str, value: str | float | None) -> _Value:
     if value is None:
         return None  # a header with a null value
-    if isinstance(value, bool) or not isinstance(value, str | int | float):
-        raise InterceptorConfigError(f"{key}: expected a string, a number or null, got {value!r}")
     text = str(value)
     if "${" in text:
         raise InterceptorConfigError(
@@ -229,20 +229,13 @@ def _parse_value(key: str, value: object) -> _Value:
     return tuple(pieces)
 
 
-def _parse_topics(topics: object) -> tuple[re.Pattern[str], ...] | None:
+def _parse_topics(topics: list[str] | None) -> tuple[re.Pattern[str], ...] | None:
     if topics is None:
         return None
-    if not isinstance(topics, list) or not topics:
-        raise InterceptorConfigError(
-            "topics: expected a non-empty list of regular expressions (omit the key to apply to every topic), "
-            f"got {topics!r}"
-        )
     patterns = []
     for i, pattern in enumerate(topics):
-        if not isinstance(pattern, str) or not pattern:
-            raise InterceptorConfigError(f"topics[{i}]: expected a non-empty string, got {pattern!r}")
         try:
             patterns.append(re.compile(pattern))
         except re.error as exc:
-            raise InterceptorConfigError(f"topics[{i}]: invalid regular expression {pattern!r}: {exc}") from None
+            raise InterceptorConfigError(f"topics.{i}: invalid regular expression {pattern!r}: {exc}") from None
     return tuple(patterns)

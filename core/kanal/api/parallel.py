@@ -5,7 +5,7 @@ quality rules) runs on one core. A plugin whose work on a large piece of data di
 of a fetched chunk, of a produced batch) hands one part to a :class:`HelperProcess` and does the
 other part meanwhile::
 
-    helper = HelperProcess("kanal-example-helper", handle)     # handle: a module-level function
+    helper = HelperProcess("kanal-example-helper", handle, services.start_soon)  # handle: module level
 
     mine, reply = await helper.run(job, data[cut:], lambda: work(data[:cut]))
     if reply is None:                                           # the helper could not do its part
@@ -14,10 +14,12 @@ other part meanwhile::
 ``handle(job, part) -> bytes`` runs in the helper process: ``job`` is any JSON value, ``part`` the
 bytes handed over, and its answer must be non-empty. State it builds (compiled rules, say) it keeps
 in its own module, keyed by what the job names. The first job starts the process (``spawn``) in the
-background: starting and importing the handler's module take about half a second, and until the
-process says it is ready ``run`` answers None at once, so no request waits for it (``ready()``
-waits, for those who want to). It serves one job at a time (a second caller waits its turn, so the
-split stays what the plugin chose) and exits when the gateway closes its pipe. The part goes through
+background, as a task of the gateway (``start_soon``, the plugin's ``services.start_soon``):
+starting and importing the handler's module take about half a second, and until the process says
+it is ready ``run`` answers None at once, so no request waits for it (``ready()`` waits, for those
+who want to). Without ``start_soon`` (a script, a test) the first ``run`` waits for the start. It
+serves one job at a time (a second caller waits its turn, so the split stays what the plugin chose)
+and exits when the gateway closes its pipe. The part goes through
 memory both processes map (an anonymous memfd, grown in steps; the pipe where memfd is missing):
 through the pipe, a few MB cost each side about 3 ms.
 
@@ -56,9 +58,10 @@ _MAP_STEP = 1 << 20
 class HelperProcess:
     """One helper process running ``handler``, one job at a time."""
 
-    def __init__(self, name: str, handler: Handler) -> None:
+    def __init__(self, name: str, handler: Handler, start_soon: Callable[..., None] | None = None) -> None:
         self.name = name
         self._handler = handler
+        self._start_soon = start_soon
         self._conn: Connection | None = None  # set once the process is ready
         self._process: Any = None
         self._lock = trio.Lock()
@@ -77,20 +80,26 @@ class HelperProcess:
         return self._conn is not None
 
     def start(self) -> None:
-        """Starts the process in the background unless it runs, is starting, or is gone."""
-        if self._conn is None and not self._broken:
+        """Starts the process in the background unless it runs, is starting, or is gone (without
+        ``start_soon``, the next ``run`` or ``ready`` starts it)."""
+        if self._conn is None and not self._broken and self._start_soon is not None:
             self._start()
 
     async def ready(self) -> bool:
         """Starts the process if need be and waits until it is ready; False when it cannot run."""
         if self._conn is None and not self._broken:
-            await self._start().wait()
+            booting = self._start()
+            if self._start_soon is None and not booting.is_set():
+                await self._boot()  # no gateway to start it in the background: here, now
+            await booting.wait()
         return self._conn is not None
 
     async def run(self, job: Any, part: bytes | memoryview, local: Callable[[], T]) -> tuple[T, bytes | None]:
         """``local()``, called while the helper runs ``handler(job, part)``; returns both answers, the
         helper's None when it could not do the job (or is not ready yet). An exception from ``local``
         propagates once the helper's answer is read (left unread, it would be taken for the next job's)."""
+        if self._conn is None and self._start_soon is None and not self._broken:
+            await self.ready()  # no gateway to start it in the background
         if self._conn is None:
             self.start()
             return local(), None
@@ -115,7 +124,8 @@ class HelperProcess:
         """Starts the process in the background (once); the event is set when that has ended."""
         if self._booting is None:
             self._booting = trio.Event()
-            trio.lowlevel.spawn_system_task(self._boot, name=f"{self.name} start")
+            if self._start_soon is not None:
+                self._start_soon(self._boot, name=f"{self.name} start")
         return self._booting
 
     async def _boot(self) -> None:
@@ -134,7 +144,7 @@ class HelperProcess:
             if not self._broken:  # (else closed meanwhile)
                 self._conn = parent
                 log.info("%s: helper process %d started", self.name, process.pid)
-        except Exception as exc:  # (a system task: nothing may escape it)
+        except Exception as exc:  # (a background task: nothing may escape it)
             self._fail(exc)
         finally:
             if parent is not None and self._conn is not parent:

@@ -1,4 +1,5 @@
-"""Zigzag varints as Kafka records use them, for the batch codec and for plugins' own record walkers."""
+"""Zigzag varints as Kafka records use them, for the batch codec (plugins use ``values.encode_varint``
+and the record walk)."""
 
 from __future__ import annotations
 

@@ -4,7 +4,7 @@ A resource is a Kubernetes-style manifest, ``{apiVersion, kind, metadata, spec}`
 :class:`ResourceKind` says how to validate one (returning its canonical form), which metadata fields
 identify it, and how to apply the whole set of stored resources of that kind to the running gateway.
 The core registers the ``Interceptor`` kind; plugins add theirs through the ``kanal_admin_resources``
-hook (see :mod:`kanal.pipeline.hookspecs`), and get the same HTTP routes, persistence, CLI support,
+hook (see :mod:`kanal.api.hookspecs`), and get the same HTTP routes, persistence, CLI support,
 OpenAPI entries and metrics without writing any of it.
 """
 

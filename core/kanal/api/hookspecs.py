@@ -5,7 +5,7 @@ There are two kinds of hooks:
 * **Plugin hooks** (:class:`PluginHooks`) are implemented by the plugin object that the
   ``kanal.plugins`` entry point names (a module or an object). They run once, at startup.
 * **Interceptor hooks** (:class:`InterceptorHooks`) are implemented as methods of an
-  :class:`~kanal.pipeline.interceptor.Interceptor` subclass. An interceptor is a configured
+  :class:`~kanal.api.interceptor.Interceptor` subclass. An interceptor is a configured
   instance of such a class (name, priority, scope, config); its hooks run for the traffic of the
   connections its scope matches, in priority order (lower first).
 
@@ -25,12 +25,12 @@ from typing import TYPE_CHECKING
 import pluggy
 
 if TYPE_CHECKING:
-    from kanal.admin.app import AdminApi
-    from kanal.admin.resources import ResourceKind
-    from kanal.gateway import Gateway, Service
-    from kanal.pipeline.context import Connection, RecordsContext, RequestContext, ResponseContext
-    from kanal.pipeline.interceptor import Interceptor
-    from kanal.pipeline.results import RecordsResult, RequestResult, ResponseResult
+    from kanal.api.admin import AdminRoutes
+    from kanal.api.context import Connection, RecordsContext, RequestContext, ResponseContext
+    from kanal.api.interceptor import Interceptor
+    from kanal.api.resources import ResourceKind
+    from kanal.api.results import RecordsResult, RequestResult, ResponseResult
+    from kanal.api.services import GatewayServices, Service
 
 PROJECT = "kanal"
 
@@ -46,53 +46,57 @@ class PluginHooks:
         """Return the interceptor classes this plugin provides.
 
         Each class sets a unique ``plugin_name`` (what an interceptor's ``plugin`` field refers
-        to) and may set ``config_schema`` (a JSON schema, shown to operators). The core creates
-        one instance per configured interceptor, calling ``cls(config)``; the constructor must
-        validate the config and raise :class:`~kanal.pipeline.interceptor.InterceptorConfigError`
-        with a message naming the bad key.
+        to) and may set ``config_type`` (a dataclass, TypedDict or msgspec Struct) or
+        ``config_schema`` (a JSON schema). The core validates each configured interceptor's config
+        against it (a bad one is refused naming the field: a 400 from the admin API, a startup error
+        from the config file), then calls ``cls(config, services)`` with the validated config and the
+        plugin's :class:`~kanal.api.services.GatewayServices`, and awaits ``aclose()`` when the
+        interceptor is replaced, deleted or the gateway stops. The constructor may raise
+        :class:`~kanal.api.errors.InterceptorConfigError` for what a schema cannot check.
         """
 
     @hookspec
-    def kanal_admin_resources(self, gateway: Gateway) -> list[ResourceKind]:  # type: ignore[empty-body]
+    def kanal_admin_resources(self, services: GatewayServices) -> list[ResourceKind]:  # type: ignore[empty-body]
         """Return the resource kinds this plugin manages through the admin API (called once at startup).
 
-        Each :class:`~kanal.admin.resources.ResourceKind` names a manifest ``kind`` (``TopicView``) and
+        Each :class:`~kanal.api.resources.ResourceKind` names a manifest ``kind`` (``TopicView``) and
         a URL ``path`` (``topic-view``), and gets, without more code: ``GET/PUT /gateway/v2/<path>``,
         ``GET/DELETE /gateway/v2/<path>/{name}``, ``?dryMode=true``, upsert results, persistence in the
         gateway's compacted state topic (so every node of the fleet sees each change and a restart
         loses nothing), ``kanal apply/get/delete`` support, an OpenAPI schema and metrics.
 
         The kind's ``validate(manifest, state)`` returns the canonical manifest or raises
-        :class:`~kanal.admin.resources.ResourceError` (``invalid(msg)`` for a 400); its
+        :class:`~kanal.api.resources.ResourceError` (``invalid(msg)`` for a 400); its
         ``apply(resources, state)`` is called on every node with all stored resources of the kind
-        whenever one changed, and returns a :class:`~kanal.admin.resources.Status` (Pending, Ready,
+        whenever one changed, and returns a :class:`~kanal.api.resources.Status` (Pending, Ready,
         Failed) per key for the ones that report it. ``state.resources(kind)`` reads other kinds (a
         policy checking that its rules exist).
         """
 
     @hookspec
-    def kanal_admin_routes(self, admin: AdminApi) -> None:
+    def kanal_admin_routes(self, admin: AdminRoutes, services: GatewayServices) -> None:
         """Add HTTP routes of your own to the admin API (called once, when the app is built).
 
         Register views with ``@admin.route("/gateway/v2/<plugin-path>", methods=[...])``: they are
         served behind the admin API's authentication (GET open to every user, other methods to admin
         users unless ``read_only=True``), counted in the API metrics, listed in ``/openapi.json``
         (summarised by the view's docstring), and answer 503 once shutdown starts. ``admin.store``
-        holds the stored resources, ``admin.gateway`` the gateway, ``admin.audit(action, **fields)``
-        records a change. Raise :class:`~kanal.admin.resources.ResourceError` for a JSON error
-        ``{title, msg, cause}``. Views are ``async`` and run in the gateway's trio loop: never block.
+        holds the stored resources, ``admin.kinds`` the resource kinds by name,
+        ``admin.current_user()`` the caller, ``admin.audit(action, **fields)`` records a change.
+        Raise :class:`~kanal.api.resources.ResourceError` for a JSON error ``{title, msg, cause}``.
+        Views are ``async`` and run in the gateway's trio loop: never block.
         """
 
     @hookspec
-    def kanal_gateway_services(self, gateway: Gateway) -> list[Service]:  # type: ignore[empty-body]
+    def kanal_gateway_services(self, services: GatewayServices) -> list[Service]:  # type: ignore[empty-body]
         """Return companion services to run beside the gateway (called once, at startup, after the
         admin API is installed; ``kanal run`` and ``kanal dev`` call it).
 
-        A service is ``async def service(gateway, *, task_status)``: the gateway starts each once its
+        A service is ``async def service(*, task_status)``: the gateway starts each once its
         listeners are up, waits for ``task_status.started()`` before it reports ready, and cancels
         it at shutdown. Use it for servers of your own (the schema registry proxy's HTTP port) or
         background followers. Return an empty list when the plugin is not enabled. Raise
-        :class:`~kanal.config.errors.ConfigError` for a configuration that cannot work: the gateway
+        :class:`~kanal.api.errors.ConfigError` for a configuration that cannot work: the gateway
         then refuses to start and names the setting.
         """
 

@@ -15,34 +15,21 @@ import datetime
 import logging
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import trio
 from kio.schema.errors import ErrorCode
 
+from kanal.api.errors import LogError, UpstreamError
+from kanal.api.services import LogRecord
 from kanal.config.upstream import UpstreamSettings
-from kanal.net.upstream import Bootstrap, BrokerCalls, UnsupportedVersion, UpstreamError
+from kanal.net.upstream import Bootstrap, BrokerCalls, UnsupportedVersion
 from kanal.protocol.entities import build, has_field, nested
 from kanal.protocol.records import Record, RecordSet, encode_batch
 
 log = logging.getLogger(__name__)
 
 _FETCH_MAX_BYTES = 16 * 1024 * 1024
-
-
-class LogError(UpstreamError):
-    """The state topic could not be created, written or read."""
-
-
-@dataclass(frozen=True, slots=True)
-class LogRecord:
-    """One record of the state topic; ``value`` None is a tombstone (a deletion)."""
-
-    offset: int
-    key: bytes
-    value: bytes | None
-    timestamp: int
 
 
 def _build(cls: Any, **values: Any) -> Any:
@@ -57,10 +44,21 @@ class CompactedLog:
     """Partition 0 of one compacted topic: create it, append to it, read it from an offset."""
 
     def __init__(
-        self, topic: str, upstream: UpstreamSettings, timeout: float = 10.0, replication_factor: int = -1
+        self,
+        topic: str,
+        upstream: UpstreamSettings,
+        timeout: float = 10.0,
+        replication_factor: int = -1,
+        *,
+        compacted: bool = True,
+        retention_ms: int | None = None,
     ) -> None:
         self.topic = topic
         self.replication_factor = replication_factor
+        # cleanup.policy and retention.ms of the topic ensure_topic creates
+        self.configs = {"cleanup.policy": "compact" if compacted else "delete"}
+        if retention_ms is not None:
+            self.configs["retention.ms"] = str(retention_ms)
         self.upstream = upstream
         self.timeout = timeout
         self._leader: BrokerCalls | None = None
@@ -139,7 +137,7 @@ class CompactedLog:
     # -- the calls ----------------------------------------------------------------------------------
 
     async def ensure_topic(self) -> None:
-        """Creates the topic (one partition, compacted) unless it exists."""
+        """Creates the topic (one partition, with the log's cleanup policy) unless it exists."""
 
         def make(connection: BrokerCalls) -> Any:
             cls = connection.request_class(19)
@@ -150,7 +148,7 @@ class CompactedLog:
                 name=self.topic,
                 num_partitions=1,
                 replication_factor=self.replication_factor,
-                configs=(_build(config_cls, name="cleanup.policy", value="compact"),),
+                configs=tuple(_build(config_cls, name=name, value=value) for name, value in self.configs.items()),
             )
             return _build(cls, topics=(topic,), timeout=_ms(self.timeout))
 

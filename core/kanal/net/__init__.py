@@ -1,0 +1,1 @@
+"""Trio I/O: listeners, client connections, upstream channels, the gateway's own Kafka client and state logs."""

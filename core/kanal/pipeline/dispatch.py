@@ -1,0 +1,309 @@
+"""The chain's semantics, in one place: which hooks run, in what order, and what their results do.
+
+The onion (as in Kroxylicious's filter chain): request hooks run outermost first (1→n), response
+hooks innermost first (n→1). A hook that answers (``Respond``/``Reject``) at position k stops the
+request there: the answer travels back through the response hooks of positions k-1..1, exactly as
+an upstream response would, so an outer interceptor (an audit log, a metrics plugin) sees every
+answer its client gets. ``Close`` closes the connection. Record hooks run per topic-partition:
+produce records in chain order after the request hooks, fetch records innermost first before the
+response hooks. Every hook has a deadline (``GATEWAY_HOOK_TIMEOUT_MS``): an async hook is cancelled
+at it, a sync one that overran is caught when it returns; either closes the connection with a log
+line naming the interceptor. An exception in a hook does the same.
+
+Sans-I/O apart from awaiting hooks: the connection (``kanal.net.connection``) and the test harness
+(``kanal.testing``) both drive it, so tests see the gateway's exact semantics.
+"""
+
+from __future__ import annotations
+
+import inspect
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import trio
+from kio.schema.errors import ErrorCode
+
+from kanal.api.context import Notes, RecordsContext, RequestContext, ResponseContext
+from kanal.api.results import Close, PartitionError, Reject, Respond
+from kanal.api.services import TopicNames
+from kanal.pipeline.chain import Entry, ResolvedChain
+from kanal.protocol.api import ApiKey
+from kanal.protocol.entities import build, has_field, nested
+from kanal.protocol.error_responses import error_response
+from kanal.protocol.messages import response_type
+from kanal.protocol.records import RecordSet
+
+__all__ = ["CloseConnection", "Dispatcher", "PartitionFailure", "RequestOutcome", "merge_partition_errors"]
+
+# (stage, api key, interceptor name, seconds): lifecycle metrics
+Observer = Callable[[str, int, str, float], None]
+
+
+class CloseConnection(Exception):
+    """The client connection must close: a hook said so, overran its deadline or raised."""
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionFailure:
+    """A partition a produce records hook failed: it is not forwarded, and its error is merged
+    into the response the client gets."""
+
+    topic: str
+    topic_id: Any
+    partition: int
+    error: PartitionError
+
+
+@dataclass(slots=True)
+class RequestOutcome:
+    """What the request hooks decided.
+
+    ``request`` is what to forward (None when answered here); ``answer`` the response the client
+    gets instead (already through the response hooks of the interceptors before the one that
+    answered); ``notes`` go with the request to its response hooks.
+    """
+
+    request: Any
+    answer: Any = None
+    notes: Notes | None = None
+    response_wanted: bool = False
+    failures: list[PartitionFailure] = field(default_factory=list)
+
+
+class Dispatcher:
+    """Runs one resolved chain's hooks for one connection."""
+
+    def __init__(
+        self,
+        chain: ResolvedChain,
+        topic_names: TopicNames,
+        deadline: float,
+        observe: Observer | None = None,
+    ) -> None:
+        self.chain = chain
+        self.topic_names = topic_names
+        self.deadline = deadline
+        self.observe = observe
+
+    async def _call(self, entry: Entry, ctx: Any, stage: str, api_key: int) -> Any:
+        began = time.perf_counter()
+        try:
+            result = entry.hook(ctx)
+            if inspect.isawaitable(result):
+                with trio.move_on_after(self.deadline) as scope:
+                    result = await result
+                if scope.cancelled_caught:
+                    raise CloseConnection(f"interceptor {entry.name!r}: {stage} hook exceeded {self.deadline:g} s")
+        except CloseConnection:
+            raise
+        except Exception as exc:
+            raise CloseConnection(f"interceptor {entry.name!r}: {stage} hook failed: {exc!r}") from exc
+        elapsed = time.perf_counter() - began
+        if elapsed > self.deadline:
+            raise CloseConnection(f"interceptor {entry.name!r}: {stage} hook took {elapsed:.3f} s")
+        if self.observe is not None:
+            self.observe(stage, api_key, entry.name, elapsed)
+        return result
+
+    async def _first(self, entries: list[Entry], ctx: Any, stage: str, api_key: int) -> tuple[Any, int]:
+        """Runs hooks until one answers; returns the answer and its position (the chain's length
+        when none answered)."""
+        for entry in entries:
+            ctx._position = entry.position
+            result = await self._call(entry, ctx, stage, api_key)
+            if result is not None:
+                return result, entry.position
+        return None, len(self.chain.interceptors)
+
+    # -- connections --------------------------------------------------------------------------
+
+    async def opened(self, connection: Any) -> None:
+        for entry in self.chain.opened:
+            await self._call(entry, connection, "connection_opened", -1)
+
+    async def closed(self, connection: Any) -> None:
+        """Runs every ``kanal_connection_closed`` hook (innermost first); failures are reported
+        after all ran."""
+        failure: CloseConnection | None = None
+        for entry in self.chain.closed:
+            try:
+                await self._call(entry, connection, "connection_closed", -1)
+            except CloseConnection as exc:
+                failure = failure or exc
+        if failure is not None:
+            raise failure
+
+    # -- requests ------------------------------------------------------------------------------
+
+    async def request(self, ctx: RequestContext, expects_response: bool) -> RequestOutcome:
+        """Runs the request hooks (and Produce's records hooks) over ``ctx``."""
+        api_key = ctx.api_key
+        original = ctx.request
+        result, position = await self._first(self.chain.requests_for(api_key), ctx, "request", api_key)
+        outcome = RequestOutcome(ctx.request, notes=ctx._notes, response_wanted=ctx.response_wanted)
+        if result is None and api_key == ApiKey.PRODUCE and self.chain.produce_records:
+            outcome.request = await self._produce_records(ctx, outcome.failures)
+            if outcome.request is None:  # every partition failed: answer without going upstream
+                empty = build(response_type(api_key, ctx.api_version))
+                result = Respond(merge_partition_errors(empty, outcome.failures))
+                outcome.failures = []
+        if result is None:
+            return outcome
+        if isinstance(result, Close):
+            raise CloseConnection(f"closed by interceptor: {result.reason}")
+        if not isinstance(result, Respond | Reject):
+            raise CloseConnection(f"a request hook answered {result!r}: expected None, Respond, Reject or Close")
+        outcome.request = None
+        if not expects_response:
+            return outcome  # acks=0: nothing goes back
+        if isinstance(result, Respond):
+            body = result.response
+        else:
+            request = ctx.request if ctx.request is not None else original
+            body = error_response(api_key, ctx.api_version, request, result.error_code, result.message)
+        response = ResponseContext(
+            ctx.connection,
+            api_key,
+            ctx.api_version,
+            ctx.correlation_id,
+            ctx.client_id,
+            ctx.request,
+            body,
+            ctx.topic_names,
+            ctx._notes,
+            _sender=ctx._sender,
+        )
+        outcome.answer = await self.response(response, before=position, records=False)
+        outcome.notes = response._notes
+        return outcome
+
+    async def _produce_records(self, ctx: RequestContext, failures: list[PartitionFailure]) -> Any:
+        """Runs the produce records hooks per partition; returns the request to forward (None when
+        no partition is left)."""
+        request = ctx.request
+        topics = []
+        changed = False
+        for topic in request.topic_data:
+            name = await self._topic_name(topic)
+            partitions = []
+            for part in topic.partition_data:
+                records = RecordSet.parse(part.records)
+                rctx = RecordsContext(
+                    ctx.connection, ctx.api_key, ctx.api_version, ctx.client_id, name, int(part.index), records
+                )
+                outcome = await self.records(self.chain.produce_records, rctx, "produce_records", ctx.api_key)
+                if outcome is not None:
+                    failures.append(PartitionFailure(name, getattr(topic, "topic_id", None), int(part.index), outcome))
+                    changed = True
+                    continue
+                if records.changed():
+                    part = replace(part, records=records.to_bytes())
+                    changed = True
+                partitions.append(part)
+            if partitions:
+                topics.append(replace(topic, partition_data=tuple(partitions)) if changed else topic)
+        if not topics:
+            return None
+        return replace(request, topic_data=tuple(topics)) if changed else request
+
+    async def records(
+        self, entries: list[Entry], ctx: RecordsContext, stage: str, api_key: int
+    ) -> PartitionError | None:
+        """Runs records hooks over one partition until one fails it (the error, or None)."""
+        for entry in entries:
+            result = await self._call(entry, ctx, stage, api_key)
+            if isinstance(result, PartitionError):
+                return result
+            if result is not None:
+                raise CloseConnection(f"interceptor {entry.name!r}: {stage} answered {result!r}")
+        return None
+
+    async def _topic_name(self, topic: Any) -> str:
+        """The name of a Produce or Fetch topic entry, which may carry only a topic id (v13+)."""
+        name = getattr(topic, "name", None) or getattr(topic, "topic", None)
+        if name:
+            return str(name)
+        return await self.topic_names.resolve(topic.topic_id)
+
+    # -- responses -----------------------------------------------------------------------------
+
+    async def response(self, ctx: ResponseContext, before: int | None = None, records: bool = True) -> Any:
+        """Runs the response hooks over ``ctx`` (innermost first; with ``before``, only those of the
+        interceptors before that position) and returns the body the client gets. Fetch records
+        hooks run first when ``records``."""
+        api_key = ctx.api_key
+        if records and api_key == ApiKey.FETCH and self.chain.fetch_records:
+            ctx.response = await self._fetch_records(ctx)
+        entries = self.chain.responses_for(api_key)
+        if before is not None:
+            entries = [entry for entry in entries if entry.position < before]
+        for entry in entries:
+            ctx._position = entry.position
+            result = await self._call(entry, ctx, "response", api_key)
+            if result is None:
+                continue
+            if isinstance(result, Close):
+                raise CloseConnection(f"closed by interceptor: {result.reason}")
+            if not isinstance(result, Respond):
+                raise CloseConnection(f"a response hook answered {result!r}: expected None, Respond or Close")
+            ctx.response = result.response  # and the interceptors further out see it
+        return ctx.response
+
+    async def _fetch_records(self, ctx: ResponseContext) -> Any:
+        response = ctx.response
+        topics = []
+        changed = False
+        for topic in response.responses:
+            name = await self._topic_name(topic)
+            partitions = []
+            for part in topic.partitions:
+                if part.records is None or part.error_code != 0:
+                    partitions.append(part)
+                    continue
+                records = RecordSet.parse(part.records)
+                rctx = RecordsContext(
+                    ctx.connection,
+                    ctx.api_key,
+                    ctx.api_version,
+                    ctx.client_id,
+                    name,
+                    int(part.partition_index),
+                    records,
+                )
+                outcome = await self.records(self.chain.fetch_records, rctx, "fetch_records", ctx.api_key)
+                if outcome is not None:
+                    # empty, not null: librdkafka reads a null record set as a broken frame and refetches
+                    part = replace(part, error_code=ErrorCode(outcome.error_code), records=b"")
+                    changed = True
+                elif records.changed():
+                    part = replace(part, records=records.to_bytes())
+                    changed = True
+                partitions.append(part)
+            topics.append(replace(topic, partitions=tuple(partitions)) if changed else topic)
+        return replace(response, responses=tuple(topics)) if changed else response
+
+
+def merge_partition_errors(response: Any, failures: list[PartitionFailure]) -> Any:
+    """Adds the partitions that records hooks failed to a Produce response."""
+    if not failures:
+        return response
+    topic_cls = nested(type(response), "responses")
+    part_cls = nested(topic_cls, "partition_responses")
+    by_name = has_field(topic_cls, "name")
+    topics = {t.name if by_name else t.topic_id: t for t in response.responses}
+    for failure in failures:
+        extra: dict[str, Any] = {"log_start_offset": -1} if has_field(part_cls, "log_start_offset") else {}
+        if has_field(part_cls, "error_message"):
+            extra["error_message"] = failure.error.message
+        entry = build(
+            part_cls, index=failure.partition, error_code=ErrorCode(failure.error.error_code), base_offset=-1, **extra
+        )
+        key = failure.topic if by_name else failure.topic_id
+        topic = topics.get(key)
+        if topic is None:
+            topics[key] = build(topic_cls, **{"name" if by_name else "topic_id": key}, partition_responses=(entry,))
+        else:
+            topics[key] = replace(topic, partition_responses=(*topic.partition_responses, entry))
+    return replace(response, responses=tuple(topics.values()))

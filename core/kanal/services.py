@@ -1,0 +1,175 @@
+"""The implementation of :class:`kanal.api.services.GatewayServices`: what plugins get of the gateway.
+
+One :class:`CoreServices` per gateway holds the shared parts; each plugin gets a
+:class:`PluginServices` view of it, so ``install`` replaces exactly that plugin's interceptors. Tasks
+started before the gateway serves wait in a queue and start with it.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+import trio
+
+from kanal.api.errors import UpstreamError
+from kanal.api.interceptor import InterceptorSpec
+from kanal.api.services import GatewayServices, KafkaClient, StateLog
+from kanal.config.upstream import parse_upstream
+from kanal.net.kafka_client import GatewayKafkaClient
+from kanal.net.state_log import CompactedLog
+from kanal.protocol.topic_names import TopicNames
+
+if TYPE_CHECKING:
+    from prometheus_client import CollectorRegistry
+
+    from kanal.config.settings import Settings
+    from kanal.pipeline.chain import Pipeline
+
+log = logging.getLogger(__name__)
+
+__all__ = ["CoreServices", "PluginServices", "ResolvingTopicNames"]
+
+
+class ResolvingTopicNames:
+    """The gateway's topic-name cache, with resolution through its own Kafka client on a miss."""
+
+    def __init__(self, names: TopicNames, kafka: GatewayKafkaClient) -> None:
+        self.names = names
+        self.kafka = kafka
+
+    def name(self, topic_id: uuid.UUID) -> str | None:
+        return self.names.name(topic_id)
+
+    def id(self, name: str) -> uuid.UUID | None:
+        return self.names.id(name)
+
+    async def resolve(self, topic_id: uuid.UUID) -> str:
+        name = self.names.name(topic_id)
+        if name is None:
+            try:
+                await self.kafka.metadata()  # the gateway's client feeds the names it answers
+            except UpstreamError as exc:
+                log.warning("cannot resolve topic id %s: %s", topic_id, exc)
+            name = self.names.name(topic_id)
+        return name if name is not None else str(topic_id)
+
+
+class CoreServices:
+    """What every plugin's services share: one per gateway."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        environ: Mapping[str, str],
+        metrics: CollectorRegistry,
+        topic_names: ResolvingTopicNames,
+        kafka: GatewayKafkaClient,
+        pipeline: Pipeline | None = None,
+    ) -> None:
+        self.gateway_settings = settings
+        self.environ = dict(environ)
+        self.metrics = metrics
+        self.topic_names = topic_names
+        self.kafka = kafka
+        self.pipeline = pipeline
+        self._plugins: dict[str, PluginServices] = {}
+        self._nursery: trio.Nursery | None = None
+        self._queued: list[tuple[Callable[..., Awaitable[Any]], tuple[Any, ...], str]] = []
+
+    def for_plugin(self, plugin: str) -> PluginServices:
+        services = self._plugins.get(plugin)
+        if services is None:
+            services = self._plugins[plugin] = PluginServices(self, plugin)
+        return services
+
+    def start_soon(self, fn: Callable[..., Awaitable[Any]], args: tuple[Any, ...], name: str) -> None:
+        if self._nursery is None:
+            self._queued.append((fn, args, name))
+        else:
+            self._nursery.start_soon(_logged, fn, args, name, name=name)
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Runs the plugins' background tasks until cancelled (a companion service of the gateway)."""
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            queued, self._queued = self._queued, []
+            for fn, args, name in queued:
+                nursery.start_soon(_logged, fn, args, name, name=name)
+            task_status.started()
+            try:
+                await trio.sleep_forever()
+            finally:
+                self._nursery = None
+
+
+async def _logged(fn: Callable[..., Awaitable[Any]], args: tuple[Any, ...], name: str) -> None:
+    try:
+        await fn(*args)
+    except Exception:
+        log.exception("background task %s failed", name)
+
+
+class PluginServices(GatewayServices):
+    """One plugin's view of the gateway."""
+
+    def __init__(self, core: CoreServices, plugin: str) -> None:
+        self._core = core
+        self.plugin = plugin
+        self._shared: dict[str, Any] = {}
+
+    @property
+    def shared(self) -> dict[str, Any]:
+        return self._shared
+
+    @property
+    def cluster_id(self) -> str:
+        return self._core.gateway_settings.cluster_id
+
+    @property
+    def metrics(self) -> CollectorRegistry:
+        return self._core.metrics
+
+    @property
+    def topic_names(self) -> ResolvingTopicNames:
+        return self._core.topic_names
+
+    @property
+    def kafka(self) -> KafkaClient:
+        return self._core.kafka
+
+    def settings(self, prefix: str) -> Mapping[str, str]:
+        return {key: value for key, value in self._core.environ.items() if key.startswith(prefix)}
+
+    def feature(self, name: str, default: bool = False) -> bool:
+        return self._core.gateway_settings.feature(name, default)
+
+    def install(self, specs: Sequence[InterceptorSpec]) -> None:
+        if self._core.pipeline is None:
+            raise RuntimeError(f"plugin {self.plugin}: no gateway pipeline to install interceptors in")
+        self._core.pipeline.configure(specs, source=self.plugin)
+
+    def state_log(self, topic: str, *, compacted: bool = True, retention_ms: int | None = None) -> StateLog:
+        settings = self._core.gateway_settings
+        return CompactedLog(
+            topic,
+            settings.upstream,
+            settings.upstream_connect_timeout_ms / 1000,
+            settings.state_replication_factor,
+            compacted=compacted,
+            retention_ms=retention_ms,
+        )
+
+    def connect(self, properties: Mapping[str, str]) -> KafkaClient:
+        settings = self._core.gateway_settings
+        return GatewayKafkaClient(
+            parse_upstream({}, properties),
+            settings.upstream_connect_timeout_ms / 1000,
+            settings.max_frame_size,
+            f"kanal-{self.plugin}",
+        )
+
+    def start_soon(self, fn: Callable[..., Awaitable[Any]], *args: Any, name: str | None = None) -> None:
+        self._core.start_soon(fn, args, f"{self.plugin}: {name or getattr(fn, '__name__', 'task')}")

@@ -1,0 +1,375 @@
+"""Testing interceptors without a gateway: a harness that runs a chain with the core's exact semantics.
+
+The harness drives the same dispatcher the gateway's connections use (:mod:`kanal.pipeline.dispatch`):
+onion order, short-circuits back through earlier response hooks, per-request notes, the hook
+deadline, records hooks per partition, partition errors merged into the Produce response. There is
+no socket and no broker: the test says what "upstream" answers. Changed requests and responses are
+encoded as the gateway would send them, so a change the wire cannot carry fails the test.
+
+    services = FakeServices(settings={"MY_PLUGIN_LIMIT": "3"})
+    harness = Harness(services=services)
+    harness.add(MyInterceptor, {"maxPartitions": 3})
+    exchange = await harness.request(create_topics_request, upstream=lambda request: ok_response)
+    assert exchange.forwarded is None and exchange.response.topics[0].error_code == ErrorCode.policy_violation
+
+:class:`FakeServices` is a :class:`~kanal.api.GatewayServices` without a gateway: in-memory state logs,
+a Kafka client that answers with a function you give, settings from a dict, installs recorded.
+"""
+
+from __future__ import annotations
+
+import inspect
+import uuid
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import trio
+from prometheus_client import CollectorRegistry
+
+from kanal.api.context import Connection, RecordsContext, RequestContext, ResponseContext
+from kanal.api.errors import LogError, UpstreamError
+from kanal.api.interceptor import Interceptor, InterceptorSpec, validate_config
+from kanal.api.results import PartitionError
+from kanal.api.services import KafkaClient, LogRecord, StateLog
+from kanal.net.upstream import own_request_class
+from kanal.pipeline.chain import Configured, build_chain, configured
+from kanal.pipeline.dispatch import Dispatcher, PartitionFailure, merge_partition_errors
+from kanal.protocol.api import ApiKey
+from kanal.protocol.entities import build, nested
+from kanal.protocol.headers import parse_request_header
+from kanal.protocol.messages import decode_request_body, decode_response, encode_request, encode_response
+from kanal.protocol.records import RecordSet
+
+__all__ = ["Exchange", "FakeKafka", "FakeServices", "Harness", "MemoryStateLog"]
+
+Answer = Callable[[Any], Any]  # a request -> its response (or an awaitable of it)
+
+
+async def _answer(answer: Answer, request: Any) -> Any:
+    result = answer(request)
+    if inspect.isawaitable(result):
+        result = await result
+    return result
+
+
+class FakeTopicNames:
+    """Topic ids and names from a dict; ``resolve`` answers the id as text when it is not there."""
+
+    def __init__(self, names: Mapping[uuid.UUID, str] | None = None) -> None:
+        self.names = dict(names or {})
+
+    def name(self, topic_id: uuid.UUID) -> str | None:
+        return self.names.get(topic_id)
+
+    def id(self, name: str) -> uuid.UUID | None:
+        return next((topic_id for topic_id, known in self.names.items() if known == name), None)
+
+    async def resolve(self, topic_id: uuid.UUID) -> str:
+        return self.names.get(topic_id, str(topic_id))
+
+
+class FakeKafka(KafkaClient):
+    """A Kafka client whose cluster is a function: ``answer(request)`` returns the response (raise
+    ``UpstreamError`` to fail). Without one every call fails. ``calls`` records (node id, request)."""
+
+    def __init__(self, answer: Answer | None = None) -> None:
+        self.answer = answer
+        self.calls: list[tuple[int | None, Any]] = []
+
+    def request_class(self, api_key: int) -> Any:
+        return own_request_class(api_key, {})
+
+    async def call(self, request: Any, *, node_id: int | None = None, timeout: float | None = None) -> Any:
+        self.calls.append((node_id, request))
+        if self.answer is None:
+            raise UpstreamError("no upstream in this test")
+        return await _answer(self.answer, request)
+
+    async def metadata(self, topics: Sequence[str] | None = None) -> Any:
+        cls = self.request_class(ApiKey.METADATA)
+        requested = None if topics is None else tuple(build(nested(cls, "topics"), name=t) for t in topics)
+        return await self.call(build(cls, topics=requested, allow_auto_topic_creation=False))
+
+    async def aclose(self) -> None:
+        return None
+
+
+class MemoryStateLog(StateLog):
+    """A state log in memory (``read`` waits for records like a long poll)."""
+
+    def __init__(self, topic: str) -> None:
+        self.topic = topic
+        self.records: list[LogRecord] = []
+        self.created = False
+        self.closed = False
+        self._changed = trio.Event()
+
+    async def ensure_topic(self) -> None:
+        self.created = True
+
+    async def append(self, key: bytes, value: bytes | None) -> int:
+        return await self.append_many([(key, value)])
+
+    async def append_many(self, items: Sequence[tuple[bytes, bytes | None]]) -> int:
+        if self.closed:
+            raise LogError(f"state log {self.topic} is closed")
+        for key, value in items:
+            self.records.append(LogRecord(len(self.records), key, value, 0))
+        self._changed.set()
+        self._changed = trio.Event()
+        return len(self.records) - 1
+
+    async def end_offset(self) -> int:
+        return len(self.records)
+
+    async def read(self, offset: int, max_wait: float = 0.5) -> tuple[list[LogRecord], int]:
+        if offset >= len(self.records):
+            with trio.move_on_after(max_wait):
+                await self._changed.wait()
+        found = self.records[offset:]
+        return found, offset + len(found)
+
+    async def aclose(self) -> None:
+        self.closed = True
+
+
+class FakeServices:
+    """:class:`~kanal.api.GatewayServices` for tests, with what a plugin did kept for assertions:
+    ``installed`` (the specs of every ``install`` call), ``logs`` (state logs by topic), ``tasks``
+    (started with ``start_soon``; :meth:`run_tasks` runs them)."""
+
+    def __init__(
+        self,
+        *,
+        cluster_id: str = "test",
+        settings: Mapping[str, str] | None = None,
+        kafka: KafkaClient | None = None,
+        topic_names: Mapping[uuid.UUID, str] | None = None,
+    ) -> None:
+        self._cluster_id = cluster_id
+        self.environ = dict(settings or {})
+        self._metrics = CollectorRegistry()
+        self._topic_names = FakeTopicNames(topic_names)
+        self._kafka = kafka if kafka is not None else FakeKafka()
+        self._shared: dict[str, Any] = {}
+        self.installed: list[list[InterceptorSpec]] = []
+        self.logs: dict[str, MemoryStateLog] = {}
+        self.tasks: list[tuple[Callable[..., Awaitable[Any]], tuple[Any, ...]]] = []
+        self.connected: list[Mapping[str, str]] = []
+
+    @property
+    def cluster_id(self) -> str:
+        return self._cluster_id
+
+    @property
+    def metrics(self) -> CollectorRegistry:
+        return self._metrics
+
+    @property
+    def topic_names(self) -> FakeTopicNames:
+        return self._topic_names
+
+    @property
+    def kafka(self) -> KafkaClient:
+        return self._kafka
+
+    @property
+    def shared(self) -> dict[str, Any]:
+        return self._shared
+
+    def settings(self, prefix: str) -> Mapping[str, str]:
+        return {key: value for key, value in self.environ.items() if key.startswith(prefix)}
+
+    def feature(self, name: str, default: bool = False) -> bool:
+        raw = self.environ.get("GATEWAY_FEATURE_FLAGS_" + name.upper())
+        if raw is None:
+            return default
+        return raw.strip().lower() in ("true", "1", "yes", "on")
+
+    def install(self, specs: Sequence[InterceptorSpec]) -> None:
+        self.installed.append(list(specs))
+
+    def state_log(self, topic: str, *, compacted: bool = True, retention_ms: int | None = None) -> StateLog:
+        log = self.logs.get(topic)
+        if log is None or log.closed:
+            log = self.logs[topic] = MemoryStateLog(topic)
+        return log
+
+    def connect(self, properties: Mapping[str, str]) -> KafkaClient:
+        self.connected.append(dict(properties))
+        return FakeKafka()
+
+    def start_soon(self, fn: Callable[..., Awaitable[Any]], *args: Any, name: str | None = None) -> None:
+        self.tasks.append((fn, args))
+
+    async def run_tasks(self) -> None:
+        """Runs the tasks started so far, concurrently, until they all return."""
+        async with trio.open_nursery() as nursery:
+            for fn, args in self.tasks:
+                nursery.start_soon(fn, *args)
+
+
+@dataclass(slots=True)
+class Exchange:
+    """What one request did: ``forwarded`` is the request the broker got (None when an interceptor
+    answered), ``response`` what the client got (None for acks=0), ``upstream_calls`` the requests
+    the interceptors sent themselves (``ctx.send_request``)."""
+
+    forwarded: Any
+    response: Any
+    failures: list[PartitionFailure] = field(default_factory=list)
+    upstream_calls: list[Any] = field(default_factory=list)
+
+
+class Harness:
+    """A chain of interceptors, run as the gateway runs it, with no sockets."""
+
+    def __init__(
+        self,
+        *,
+        services: FakeServices | None = None,
+        connection: Connection | None = None,
+        hook_timeout: float = 10.0,
+    ) -> None:
+        self.services = services if services is not None else FakeServices()
+        self.connection = connection or Connection(1, "127.0.0.1:50000", "127.0.0.1:6969", 0, client_id="test")
+        self.hook_timeout = hook_timeout
+        self._items: list[Configured] = []
+        self._dispatcher: Dispatcher | None = None
+
+    def add(
+        self, cls: type[Interceptor], config: Mapping[str, Any] | None = None, *, name: str | None = None
+    ) -> Interceptor:
+        """Validates ``config`` as the core does (an ``InterceptorConfigError`` naming the field when it
+        is bad), constructs the interceptor with the harness's services and appends it to the chain
+        (innermost); returns it."""
+        spec = InterceptorSpec(name or f"{cls.plugin_name or cls.__name__}-{len(self._items) + 1}", cls.plugin_name)
+        instance = cls(validate_config(cls, dict(config or {})), self.services)
+        return self.append(instance, spec.name)
+
+    def append(self, instance: Interceptor, name: str | None = None) -> Interceptor:
+        """Appends an interceptor built by the test (innermost)."""
+        spec = InterceptorSpec(name or f"{type(instance).__name__}-{len(self._items) + 1}", type(instance).plugin_name)
+        self._items.append(configured(spec, instance))
+        self._dispatcher = None
+        return instance
+
+    @property
+    def dispatcher(self) -> Dispatcher:
+        if self._dispatcher is None:
+            chain = build_chain(self._items)
+            self._dispatcher = Dispatcher(chain, self.services.topic_names, self.hook_timeout)
+        return self._dispatcher
+
+    async def open(self) -> None:
+        """Runs the ``kanal_connection_opened`` hooks."""
+        await self.dispatcher.opened(self.connection)
+
+    async def close(self) -> None:
+        """Runs the ``kanal_connection_closed`` hooks, then closes every interceptor (``aclose``)."""
+        await self.dispatcher.closed(self.connection)
+        for item in self._items:
+            await item.instance.aclose()
+
+    async def request(
+        self,
+        request: Any,
+        upstream: Answer | None = None,
+        *,
+        correlation_id: int = 1,
+        client_id: str | None = "test",
+    ) -> Exchange:
+        """Sends ``request`` (a kio request) through the chain. ``upstream(request)`` is the broker:
+        it gets what the chain forwards (decoded from the bytes the gateway would send) and returns
+        the response, or the response to a request an interceptor sent itself."""
+        api_key, version = int(request.__api_key__), int(request.__version__)
+        calls: list[Any] = []
+
+        async def send_own(own: Any) -> Any:
+            calls.append(own)
+            if upstream is None:
+                raise UpstreamError("no upstream in this test")
+            return await _answer(upstream, own)
+
+        self.connection.client_id = client_id
+        ctx = RequestContext(
+            self.connection,
+            api_key,
+            version,
+            correlation_id,
+            client_id,
+            request,
+            self.services.topic_names,
+            _sender=send_own,
+        )
+        expects = api_key != ApiKey.PRODUCE or request.acks != 0
+        outcome = await self.dispatcher.request(ctx, expects)
+        if outcome.request is None:
+            return Exchange(None, _wire_response(outcome.answer, correlation_id), outcome.failures, calls)
+        forwarded = outcome.request
+        if forwarded is not request:
+            frame = encode_request(forwarded, correlation_id, client_id)
+            forwarded = decode_request_body(api_key, version, frame, _body_offset(frame))
+        expects = api_key != ApiKey.PRODUCE or forwarded.acks != 0
+        if upstream is None or not expects:
+            return Exchange(forwarded, None, outcome.failures, calls)
+        body = await _answer(upstream, forwarded)
+        if outcome.failures:
+            body = merge_partition_errors(body, outcome.failures)
+        response = ResponseContext(
+            self.connection,
+            api_key,
+            version,
+            correlation_id,
+            client_id,
+            forwarded,
+            body,
+            self.services.topic_names,
+            outcome.notes,
+            _sender=send_own,
+        )
+        result = await self.dispatcher.response(response)
+        if result is body:  # unchanged: the gateway forwards the broker's bytes
+            return Exchange(forwarded, body, outcome.failures, calls)
+        return Exchange(forwarded, _wire_response(result, correlation_id), outcome.failures, calls)
+
+    async def records(
+        self,
+        topic: str,
+        partition: int,
+        records: bytes | RecordSet,
+        *,
+        fetch: bool = False,
+        api_version: int | None = None,
+    ) -> tuple[RecordSet, PartitionError | None]:
+        """Runs the produce (or, with ``fetch``, the fetch) records hooks over one partition's
+        records; returns the records as the hooks left them and the partition error, if any."""
+        record_set = records if isinstance(records, RecordSet) else RecordSet.parse(records)
+        api_key = ApiKey.FETCH if fetch else ApiKey.PRODUCE
+        ctx = RecordsContext(
+            self.connection,
+            api_key,
+            api_version if api_version is not None else (16 if fetch else 9),
+            self.connection.client_id,
+            topic,
+            partition,
+            record_set,
+        )
+        chain = self.dispatcher.chain
+        entries = chain.fetch_records if fetch else chain.produce_records
+        stage = "fetch_records" if fetch else "produce_records"
+        error = await self.dispatcher.records(entries, ctx, stage, api_key)
+        return record_set, error
+
+
+def _body_offset(frame: bytearray) -> int:
+    return parse_request_header(frame).body_offset
+
+
+def _wire_response(body: Any, correlation_id: int) -> Any:
+    """The response as the client decodes it from the bytes the gateway sends."""
+    if body is None:
+        return None
+    frame = encode_response(body, correlation_id)
+    return decode_response(int(body.__api_key__), int(body.__version__), frame)
