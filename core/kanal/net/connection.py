@@ -147,6 +147,16 @@ class ClientConnection:
             "listener_address": info.listener_address,
         }
 
+    def _closing(self, exc: CloseConnection) -> None:
+        """Logs why an interceptor's doing closes this connection (with the hook's traceback)."""
+        log.warning(
+            "closing client %s: %s",
+            self.info.client_address,
+            exc,
+            exc_info=exc.__cause__ is not None,
+            extra=self._fields(),
+        )
+
     def drain(self) -> None:
         """Stops reading new requests; in-flight ones are still answered."""
         self._read_scope.cancel()
@@ -233,13 +243,7 @@ class ClientConnection:
                     log.warning("closing client %s: %s", self.info.client_address, exc, extra=self._fields())
                     scope.cancel()
                 except CloseConnection as exc:
-                    log.warning(
-                        "closing client %s: %s",
-                        self.info.client_address,
-                        exc,
-                        exc_info=exc.__cause__ is not None,
-                        extra=self._fields(),
-                    )
+                    self._closing(exc)
                     scope.cancel()
                 except (trio.BrokenResourceError, trio.ClosedResourceError):
                     scope.cancel()
@@ -284,13 +288,7 @@ class ClientConnection:
             log.warning("closing client %s: %s", self.info.client_address, exc, extra=self._fields())
             scope.cancel()
         except CloseConnection as exc:
-            log.warning(
-                "closing client %s: %s",
-                self.info.client_address,
-                exc,
-                exc_info=exc.__cause__ is not None,
-                extra=self._fields(),
-            )
+            self._closing(exc)
             scope.cancel()
         except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
             scope.cancel()
