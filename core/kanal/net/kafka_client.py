@@ -15,7 +15,7 @@ import trio
 
 from kanal.api.errors import UpstreamError
 from kanal.config.upstream import UpstreamSettings
-from kanal.net.upstream import Address, Bootstrap, BrokerCalls, UnsupportedVersion, own_request_class
+from kanal.net.upstream import Address, Bootstrap, BrokerCalls, UnsupportedVersion, own_request_class, reason
 from kanal.protocol.entities import build, nested
 
 _BROKEN = (OSError, ConnectionError, trio.BrokenResourceError, trio.ClosedResourceError, trio.TooSlowError)
@@ -41,7 +41,7 @@ class _Broker:
                 except _BROKEN as exc:
                     await self.aclose()
                     if attempt == 2 or isinstance(exc, trio.TooSlowError):
-                        raise UpstreamError(f"upstream call failed: {exc or type(exc).__name__}") from exc
+                        raise UpstreamError(f"upstream call failed: {reason(exc)}") from exc
             raise AssertionError("unreachable")
 
     async def aclose(self) -> None:

@@ -23,7 +23,7 @@ from kio.schema.errors import ErrorCode
 from kanal.api.errors import LogError, UpstreamError
 from kanal.api.services import LogRecord
 from kanal.config.upstream import UpstreamSettings
-from kanal.net.upstream import Bootstrap, BrokerCalls, UnsupportedVersion
+from kanal.net.upstream import Bootstrap, BrokerCalls, UnsupportedVersion, reason
 from kanal.protocol.entities import build, has_field, nested
 from kanal.protocol.records import Record, RecordSet, encode_batch
 
@@ -122,7 +122,7 @@ class CompactedLog:
             ) as exc:
                 await self.reset()
                 if attempt == 2 or isinstance(exc, trio.TooSlowError):
-                    raise LogError(f"state topic {self.topic}: {exc or type(exc).__name__}") from exc
+                    raise LogError(f"state topic {self.topic}: {reason(exc)}") from exc
         raise AssertionError("unreachable")
 
     async def reset(self) -> None:

@@ -72,6 +72,13 @@ async def open_upstream(
         raise UpstreamError(f"cannot connect to upstream {host}:{port}: {exc}") from exc
 
 
+def reason(exc: BaseException) -> str:
+    """What went wrong, never empty (``trio.TooSlowError`` and some OS errors have no message)."""
+    if isinstance(exc, trio.TooSlowError):
+        return str(exc) or "timed out"
+    return str(exc) or type(exc).__name__
+
+
 class Bootstrap:
     """The bootstrap servers, tried in turn from the one after the last used, so that a server
     that failed is not the first one tried again."""
@@ -91,7 +98,7 @@ class Bootstrap:
                 return await open_one(address)
             except (OSError, trio.BrokenResourceError, trio.TooSlowError) as exc:
                 last = exc
-        raise UpstreamError(str(last) if last else "no bootstrap servers")
+        raise UpstreamError(reason(last) if last else "no bootstrap servers")
 
 
 async def api_versions(channel: KafkaChannel, client_id: str) -> tuple[RequestChannel, dict[int, tuple[int, int]]]:
