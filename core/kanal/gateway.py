@@ -98,6 +98,7 @@ class Gateway:
         self._idle = trio.Event()
         self._idle.set()
         self._serve_scope = trio.CancelScope()
+        self._accepting = trio.CancelScope()
         self._stopping = False
         self._unmapped_warned: set[int] = set()
         self.tap: FrameTap | None = None
@@ -212,8 +213,17 @@ class Gateway:
             ) from exc
         upstream = ",".join(f"{h}:{p}" for h, p in settings.upstream.bootstrap_servers)
         async with trio.open_nursery() as nursery:
+
+            async def accept(*, task_status: trio.TaskStatus[Any]) -> None:
+                # Cancelled when shutdown starts: the listeners close, so a new connection is
+                # refused rather than accepted and reset. Connections live in the outer nursery.
+                with self._accepting:
+                    await trio.serve_listeners(
+                        self._handle, listeners, handler_nursery=nursery, task_status=task_status
+                    )
+
             with self._serve_scope:
-                await nursery.start(trio.serve_listeners, self._handle, listeners)
+                await nursery.start(accept)
                 await nursery.start(self.core_services.run)
                 for service in self.services:
                     await nursery.start(service)
@@ -221,10 +231,11 @@ class Gateway:
                     Listening(f"{self.advertised_host}:{ports[0]}", ports[0], ports[-1], self.min_broker_id, upstream)
                 )
                 await trio.sleep_forever()
-            # Shutdown: listeners are closed; let connections drain, then stop what is left.
-            with trio.move_on_after(settings.shutdown_timeout_ms / 1000):
-                await self._idle.wait()
-            if self.connections:
+            # Shutdown: the listeners are closed; let connections drain, then stop what is left.
+            with trio.move_on_after(settings.shutdown_timeout_ms / 1000) as draining:
+                while self.connections:
+                    await self._idle.wait()
+            if draining.cancelled_caught and self.connections:
                 log.warning("shutdown timeout: closing %d connections with requests in flight", len(self.connections))
             nursery.cancel_scope.cancel()
         with trio.CancelScope(shield=True):
@@ -242,6 +253,7 @@ class Gateway:
         self._stopping = True
         self.stopping.set()
         log.info("shutting down: draining %d client connections", len(self.connections))
+        self._accepting.cancel()
         self._serve_scope.cancel()
         for connection in list(self.connections):
             connection.drain()
@@ -263,7 +275,8 @@ class Gateway:
         )
         connection = ClientConnection(self, stream, info)
         self.connections.add(connection)
-        self._idle = trio.Event() if len(self.connections) == 1 else self._idle
+        if self._idle.is_set():
+            self._idle = trio.Event()
         self.metrics.client_connections.inc()
         try:
             if self._stopping:

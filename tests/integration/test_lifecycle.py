@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime
+import socket
 import threading
 import time
 from collections.abc import Callable
@@ -62,6 +63,12 @@ def test_shutdown_answers_requests_in_flight(
         codes: list[int | None] = []
         stopper = threading.Thread(target=lambda: codes.append(gateway.stop(timeout=20)))
         stopper.start()
+        # Once draining, the listeners are closed: a new client is refused (not accepted and reset)
+        # while the fetch above is still in flight.
+        deadline = time.monotonic() + 2.0
+        while "shutting down: draining" not in gateway.output and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert _refused_before(gateway.bootstrap, deadline)
         frame = client.receive()
         assert response_correlation_id(frame) == 2
         response = decode_response(1, 12, frame)
@@ -73,6 +80,19 @@ def test_shutdown_answers_requests_in_flight(
         client.close()
         gateway.stop()
     assert "draining 1 client connections" in gateway.output
+    assert "shutdown timeout" not in gateway.output  # the drain ended well before GATEWAY_SHUTDOWN_TIMEOUT_MS
+
+
+def _refused_before(address: str, deadline: float) -> bool:
+    """Whether connecting to ``address`` is refused before ``deadline`` (tried every 20 ms)."""
+    host, port = address.rsplit(":", 1)
+    while time.monotonic() < deadline:
+        try:
+            socket.create_connection((host, int(port)), timeout=1).close()
+        except ConnectionRefusedError:
+            return True
+        time.sleep(0.02)
+    return False
 
 
 def test_lost_upstream_gives_retriable_errors_then_recovers(tmp_path: Path) -> None:
