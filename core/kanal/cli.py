@@ -18,7 +18,7 @@ from kanal.admin.cli import CommandLine
 from kanal.admin.service import install as install_admin
 from kanal.api.errors import ConfigError, InterceptorConfigError
 from kanal.config.loader import load_settings
-from kanal.config.settings import Settings
+from kanal.config.settings import KnownSettings, Settings
 from kanal.embedded.dev import dev_admin_user, dev_http_port
 from kanal.gateway import Gateway, Listening
 from kanal.logs import configure_logging
@@ -76,11 +76,15 @@ async def serve(settings: Settings, registry: PluginRegistry, banner: str = "") 
             )
 
 
+def _known(registry: PluginRegistry) -> KnownSettings:
+    return KnownSettings(registry.declared_settings())
+
+
 def _run(args: argparse.Namespace) -> int:
     try:
-        settings = load_settings(args.config)
-        configure_logging(settings.log_format, settings.log_level)
         registry = _registry()
+        settings = load_settings(args.config, require_upstream=True, known=_known(registry))
+        configure_logging(settings.log_format, settings.log_level)
         trio.run(serve, settings, registry)
     except (ConfigError, InterceptorConfigError, PluginError) as exc:
         print(f"kanal: configuration error: {exc}", file=sys.stderr)
@@ -120,12 +124,13 @@ def _dev(args: argparse.Namespace) -> int:
             env.setdefault("GATEWAY_PORT_START", str(_dev_port_start()))
             dev_http_port(env)
             admin_notice = dev_admin_user(env)
-            settings = load_settings(args.config, env)
+            registry = _registry()
+            settings = load_settings(args.config, env, known=_known(registry))
             configure_logging(settings.log_format, settings.log_level)
             print(f"Kanal dev: embedded Tansu broker at {broker.bootstrap}", flush=True)
             if admin_notice:
                 print(f"{admin_notice}; admin API at http://127.0.0.1:{settings.http_port}", flush=True)
-            trio.run(serve, settings, _registry(), " (embedded Tansu; Ctrl-C stops both)")
+            trio.run(serve, settings, registry, " (embedded Tansu; Ctrl-C stops both)")
     except (ConfigError, InterceptorConfigError, PluginError) as exc:
         print(f"kanal: configuration error: {exc}", file=sys.stderr)
         return 2

@@ -16,7 +16,7 @@ from .interceptor import TopicViewsInterceptor
 from .resource import topic_view_kind
 from .runtime import close_at_shutdown
 
-__all__ = ["kanal_admin_resources", "kanal_interceptor_types"]
+__all__ = ["kanal_admin_resources", "kanal_interceptor_types", "kanal_settings"]
 
 
 @hookimpl
@@ -29,3 +29,13 @@ def kanal_admin_resources(services: GatewayServices) -> list[ResourceKind]:
     kind = topic_view_kind(services)
     close_at_shutdown(services)
     return [kind]
+
+
+@hookimpl
+def kanal_settings() -> list[str]:
+    """The schema registry connections views decode through, and the two helpers' switches."""
+    return [
+        "GATEWAY_EXTERNAL_CONNECTION_*",
+        "GATEWAY_FEATURE_FLAGS_TOPIC_VIEWS_HELPER_PROCESS",
+        "GATEWAY_FEATURE_FLAGS_TOPIC_VIEWS_READ_AHEAD",
+    ]

@@ -33,6 +33,13 @@ def test_bad_setting_fails_at_startup_naming_the_key() -> None:
     assert "GATEWAY_PORT_START: expected an integer, got 'not-a-port'" in out
 
 
+def test_run_without_a_cluster_fails_naming_kafka_bootstrap_servers() -> None:
+    proc = _kanal("run", env={"GATEWAY_HTTP_PORT": str(free_port())})
+    out, _ = proc.communicate(timeout=30)
+    assert proc.returncode == 2
+    assert "KAFKA_BOOTSTRAP_SERVERS: required: the Kafka cluster the gateway fronts" in out
+
+
 def test_missing_placeholder_variable_fails_naming_it(tmp_path: Path) -> None:
     config = tmp_path / "kanal.yaml"
     config.write_text("kafka:\n  bootstrap.servers: ${NO_SUCH_VARIABLE}\n")

@@ -21,7 +21,7 @@ from kio.schema.errors import ErrorCode
 from kanal.api.errors import ConfigError
 from kanal.api.resources import ResourceError
 from kanal.api.results import Reject
-from kanal.config.settings import build_settings
+from kanal.config.settings import KnownSettings, build_settings
 from kanal.gateway import Gateway
 from kanal.pipeline.registry import PluginRegistry
 from kanal.protocol.api import request_class, response_class
@@ -388,7 +388,7 @@ def gateway(env: dict[str, str] | None = None) -> Gateway:
 
     registry.register(plugin, "topic-views")
     environ = {"KAFKA_BOOTSTRAP_SERVERS": "127.0.0.1:1", "GATEWAY_CLUSTER_ID": "unit", **(env or {})}
-    return Gateway(build_settings(environ), registry, environ)
+    return Gateway(build_settings(environ, known=KnownSettings(registry.declared_settings())), registry, environ)
 
 
 class _State:

@@ -1,9 +1,11 @@
+from pathlib import Path
+
 import pytest
 
 from kanal.api.errors import ConfigError
 from kanal.config.loader import load_settings
 from kanal.config.placeholders import expand
-from kanal.config.settings import build_settings
+from kanal.config.settings import KnownSettings, build_settings
 from kanal.config.upstream import parse_jaas
 
 
@@ -32,7 +34,22 @@ def test_environment_wins_over_file() -> None:
         ({"GATEWAY_PORT_START": "70000"}, "GATEWAY_PORT_START", "between 1 and 65535"),
         ({"GATEWAY_PORT_STRAT": "1"}, "GATEWAY_PORT_STRAT", "did you mean GATEWAY_PORT_START"),
         ({"GATEWAY_LOG_FORMAT": "xml"}, "GATEWAY_LOG_FORMAT", "expected one of text, json"),
-        ({"GATEWAY_FEATURE_FLAGS_AUDIT": "maybe"}, "GATEWAY_FEATURE_FLAGS_AUDIT", "expected true or false"),
+        (
+            {"GATEWAY_FEATURE_FLAGS_LIFECYCLE_METRICS": "maybe"},
+            "GATEWAY_FEATURE_FLAGS_LIFECYCLE_METRICS",
+            "expected true",
+        ),
+        (
+            {"GATEWAY_FEATURE_FLAGS_LIFECYCLE_METRIC": "true"},
+            "GATEWAY_FEATURE_FLAGS_LIFECYCLE_METRIC",
+            "unknown feature flag (did you mean GATEWAY_FEATURE_FLAGS_LIFECYCLE_METRICS?)",
+        ),
+        ({"GATEWAY_ADMIN_API_USER": "[]"}, "GATEWAY_ADMIN_API_USER", "did you mean GATEWAY_ADMIN_API_USERS"),
+        (
+            {"GATEWAY_EXTERNAL_CONNECTION_REGISTRY_URL": "http://r"},
+            "GATEWAY_EXTERNAL_CONNECTION_REGISTRY_URL",
+            "unknown setting",  # no plugin declared the family
+        ),
         ({"KAFKA_BOOTSTRAP_SERVERS": "nohost"}, "KAFKA_BOOTSTRAP_SERVERS", "expected host:port"),
         ({"KAFKA_SECURITY_PROTOCOL": "TLS"}, "KAFKA_SECURITY_PROTOCOL", "expected one of"),
         (
@@ -54,6 +71,28 @@ def test_bad_settings_name_the_key(env: dict[str, str], key: str, problem: str) 
 def test_feature_flags() -> None:
     s = build_settings({"GATEWAY_FEATURE_FLAGS_LIFECYCLE_METRICS": "true"})
     assert s.feature("lifecycle_metrics") and not s.feature("audit")
+
+
+def test_settings_plugins_declare_are_known() -> None:
+    known = KnownSettings(["GATEWAY_EXTERNAL_CONNECTION_*", "GATEWAY_FEATURE_FLAGS_MY_FLAG", "GATEWAY_MY_LIMIT"])
+    env = {
+        "GATEWAY_EXTERNAL_CONNECTION_REGISTRY_URL": "http://r",
+        "GATEWAY_FEATURE_FLAGS_MY_FLAG": "false",
+        "GATEWAY_MY_LIMIT": "3",
+    }
+    s = build_settings(env, known=known)
+    assert s.feature("my_flag", True) is False
+    with pytest.raises(ConfigError, match=r"GATEWAY_MY_LIMT: unknown setting \(did you mean GATEWAY_MY_LIMIT\?\)"):
+        build_settings({"GATEWAY_MY_LIMT": "3"}, known=known)
+
+
+def test_kanal_run_requires_a_cluster(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"^KAFKA_BOOTSTRAP_SERVERS: required"):
+        load_settings(env={}, require_upstream=True)
+    assert load_settings(env={"KAFKA_BOOTSTRAP_SERVERS": "b:9092"}, require_upstream=True).upstream
+    config = tmp_path / "kanal.yaml"
+    config.write_text("kafka:\n  bootstrap.servers: b:9092\n")
+    assert load_settings(config, env={}, require_upstream=True).upstream.bootstrap_servers == (("b", 9092),)
 
 
 def test_upstream_sasl_from_jaas() -> None:
@@ -141,3 +180,14 @@ def test_bad_file_names_the_path(doc: dict[str, object], key: str) -> None:
 def test_unreadable_file(tmp_path: pytest.TempPathFactory) -> None:
     with pytest.raises(ConfigError, match="cannot read"):
         load_settings(str(tmp_path / "missing.yaml"), {})  # type: ignore[operator]
+
+
+def test_a_config_file_key_error_names_the_file_and_suggests_a_yaml_key(tmp_path: Path) -> None:
+    config = tmp_path / "kanal.yaml"
+    config.write_text("gateway:\n  portStrat: 7000\n")
+    with pytest.raises(ConfigError) as info:
+        load_settings(config, env={})
+    assert str(info.value) == f"{config}: gateway.portStrat: unknown setting (did you mean gateway.portStart?)"
+    config.write_text("kafka:\n  bootstrap.servers: nohost\n")
+    with pytest.raises(ConfigError, match=rf"^{config}: kafka.bootstrap.servers: expected host:port"):
+        load_settings(config, env={})

@@ -11,11 +11,21 @@ import yaml
 
 from kanal.api.errors import ConfigError
 from kanal.config.placeholders import expand
-from kanal.config.settings import Settings, build_settings
+from kanal.config.settings import KnownSettings, Settings, build_settings
+
+_FILE_KEYS = ("gateway.", "kafka.", "interceptors", "config file")
 
 
-def load_settings(path: str | Path | None = None, env: Mapping[str, str] | None = None) -> Settings:
-    """Settings from the environment and, if given, a YAML file (``${VAR}`` placeholders expanded)."""
+def load_settings(
+    path: str | Path | None = None,
+    env: Mapping[str, str] | None = None,
+    *,
+    require_upstream: bool = False,
+    known: KnownSettings | None = None,
+) -> Settings:
+    """Settings from the environment and, if given, a YAML file (``${VAR}`` placeholders expanded).
+    With ``require_upstream`` (``kanal run``), a missing ``KAFKA_BOOTSTRAP_SERVERS`` is an error: the
+    gateway would otherwise wait for a broker on 127.0.0.1:9092 for ever."""
     environ = dict(os.environ if env is None else env)
     document: Any = None
     if path is not None:
@@ -31,4 +41,17 @@ def load_settings(path: str | Path | None = None, env: Mapping[str, str] | None 
         if document is not None and not isinstance(document, Mapping):
             raise ConfigError(str(path), "the config file must hold a mapping at the top level")
         document = expand(document or {}, environ, "config")
-    return build_settings(environ, document)
+    try:
+        settings = build_settings(environ, document, known)
+    except ConfigError as exc:
+        if path is None or not exc.key.startswith(_FILE_KEYS):
+            raise
+        raise ConfigError(f"{path}: {exc.key}", exc.problem) from None  # a key of the file: name the file
+    kafka_section = (document or {}).get("kafka") or {}
+    if require_upstream and not environ.get("KAFKA_BOOTSTRAP_SERVERS") and "bootstrap.servers" not in kafka_section:
+        raise ConfigError(
+            "KAFKA_BOOTSTRAP_SERVERS",
+            "required: the Kafka cluster the gateway fronts, host:port[,host:port...]"
+            " (or kafka.bootstrap.servers in the config file)",
+        )
+    return settings

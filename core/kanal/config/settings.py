@@ -7,7 +7,7 @@ fault, so a broken config fails at startup, not at the first client.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from difflib import get_close_matches
 from typing import Any
@@ -20,8 +20,8 @@ from kanal.protocol.framing import DEFAULT_MAX_FRAME_SIZE
 
 GATEWAY_PREFIX = "GATEWAY_"
 FEATURE_FLAG_PREFIX = "GATEWAY_FEATURE_FLAGS_"
-# Variable families read by other parts of the gateway or by plugins.
-RESERVED_PREFIXES = (FEATURE_FLAG_PREFIX, "GATEWAY_EXTERNAL_CONNECTION_", "GATEWAY_ADMIN_API_")
+#: The core's own feature flags (``GATEWAY_FEATURE_FLAGS_<NAME>``); plugins declare theirs.
+CORE_FEATURE_FLAGS = frozenset({"LIFECYCLE_METRICS"})
 
 _BOOL = {"true": True, "1": True, "yes": True, "on": True, "false": False, "0": False, "no": False, "off": False}
 
@@ -265,16 +265,23 @@ def gateway_values(env: Mapping[str, str], file_section: Any) -> dict[str, tuple
                 f"gateway.{key}",
             )
         else:
-            raise ConfigError(f"gateway.{key}", _unknown_hint(name))
+            raise ConfigError(f"gateway.{key}", _unknown_yaml_hint(str(key)))
     for name, value in env.items():
         if name.startswith(GATEWAY_PREFIX):
             values[name] = (value, name)
     return values
 
 
-def _unknown_hint(name: str) -> str:
-    close = get_close_matches(name, list(_BY_ENV), n=1)
-    return "unknown setting" + (f" (did you mean {close[0]}?)" if close else "")
+def _env_to_yaml_key(name: str) -> str:
+    """``GATEWAY_PORT_START`` -> ``portStart``: how the config file's ``gateway`` section spells it."""
+    first, *rest = name.removeprefix(GATEWAY_PREFIX).lower().split("_")
+    return first + "".join(word.capitalize() for word in rest)
+
+
+def _unknown_yaml_hint(key: str) -> str:
+    """An unknown key of the config file's ``gateway`` section, with the closest key in YAML spelling."""
+    close = get_close_matches(key, [_env_to_yaml_key(name) for name in _BY_ENV], n=1)
+    return "unknown setting" + (f" (did you mean gateway.{close[0]}?)" if close else "")
 
 
 def parse_interceptors(items: Any) -> tuple[InterceptorSpec, ...]:
@@ -322,8 +329,41 @@ def parse_interceptors(items: Any) -> tuple[InterceptorSpec, ...]:
     return tuple(specs)
 
 
-def build_settings(env: Mapping[str, str], document: Mapping[str, Any] | None = None) -> Settings:
-    """Validated settings from the environment and an optional (already expanded) YAML document."""
+class KnownSettings:
+    """The ``GATEWAY_*`` names plugins declare (``kanal_settings``): variables, families (``GATEWAY_X_*``)
+    and feature flags (``GATEWAY_FEATURE_FLAGS_X``). Any other ``GATEWAY_*`` name fails at startup."""
+
+    def __init__(self, declared: Iterable[str] = ()) -> None:
+        names = {n.upper() for n in declared}
+        self.flags = CORE_FEATURE_FLAGS | {
+            n[len(FEATURE_FLAG_PREFIX) :] for n in names if n.startswith(FEATURE_FLAG_PREFIX)
+        }
+        self.prefixes = tuple(n[:-1] for n in names if n.endswith("*"))
+        self.names = {n for n in names if not n.endswith("*") and not n.startswith(FEATURE_FLAG_PREFIX)}
+
+    def check_flag(self, name: str, where: str) -> str:
+        flag = name[len(FEATURE_FLAG_PREFIX) :]
+        if flag not in self.flags:
+            close = get_close_matches(flag, sorted(self.flags), n=1)
+            hint = f" (did you mean {FEATURE_FLAG_PREFIX}{close[0]}?)" if close else ""
+            known = ", ".join(sorted(self.flags))
+            raise ConfigError(where, f"unknown feature flag{hint}; known flags: {known}")
+        return flag
+
+    def check_other(self, name: str, where: str) -> None:
+        if name in self.names or name.startswith(self.prefixes):
+            return
+        close = get_close_matches(name, [*_BY_ENV, *self.names, *(p + "*" for p in self.prefixes)], n=1)
+        raise ConfigError(where, "unknown setting" + (f" (did you mean {close[0]}?)" if close else ""))
+
+
+def build_settings(
+    env: Mapping[str, str], document: Mapping[str, Any] | None = None, known: KnownSettings | None = None
+) -> Settings:
+    """Validated settings from the environment and an optional (already expanded) YAML document;
+    ``known`` holds what the plugins declared (an unknown ``GATEWAY_*`` name fails, naming the
+    closest known one)."""
+    known = known or KnownSettings()
     doc = _check_mapping(document, "config file")
     unknown_sections = set(doc) - {"gateway", "kafka", "interceptors"}
     if unknown_sections:
@@ -332,15 +372,15 @@ def build_settings(env: Mapping[str, str], document: Mapping[str, Any] | None = 
     flags: dict[str, bool] = {}
     for name, (raw, where) in gateway_values(env, doc.get("gateway")).items():
         if name.startswith(FEATURE_FLAG_PREFIX):
+            flag = known.check_flag(name, where)
             try:
-                flags[name[len(FEATURE_FLAG_PREFIX) :]] = parse_bool(raw)
+                flags[flag] = parse_bool(raw)
             except ValueError as exc:
                 raise ConfigError(where, str(exc)) from None
             continue
         option = _BY_ENV.get(name)
         if option is None:
-            if not name.startswith(RESERVED_PREFIXES):
-                raise ConfigError(where, _unknown_hint(name))
+            known.check_other(name, where)
             continue
         try:
             values[option.attr] = option.parse(raw)

@@ -27,6 +27,7 @@ from kanal import __version__
 from kanal.admin.service import install as install_admin
 from kanal.api.errors import ConfigError, InterceptorConfigError
 from kanal.config.loader import load_settings
+from kanal.config.settings import KnownSettings
 from kanal.conformance.capture import CaptureTap, Redactor
 from kanal.conformance.frames import write_frames
 from kanal.conformance.pcap import PcapError, import_pcap
@@ -147,10 +148,10 @@ def _capture(args: argparse.Namespace) -> int:
         print("kanal capture: --output FILE is required (or use `kanal capture import-pcap`)", file=sys.stderr)
         return 2
     try:
-        settings = load_settings(args.config)
-        configure_logging(settings.log_format, settings.log_level)
         registry = PluginRegistry()
         registry.load_entry_points()
+        settings = load_settings(args.config, require_upstream=True, known=KnownSettings(registry.declared_settings()))
+        configure_logging(settings.log_format, settings.log_level)
         gateway = Gateway(settings, registry)
         install_admin(gateway)  # as `kanal run`: admin API, health, metrics, persisted resources
         with Path(args.output).open("wb") as out:

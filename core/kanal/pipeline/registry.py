@@ -72,6 +72,10 @@ class PluginRegistry:
             results.append((name, impl.function(**{arg: arguments[arg] for arg in impl.argnames})))
         return results
 
+    def declared_settings(self) -> list[str]:
+        """The ``GATEWAY_*`` names every plugin declares it reads (``kanal_settings``)."""
+        return [name for names in self.manager.hook.kanal_settings() for name in names or ()]
+
     def interceptor_type(self, name: str) -> type[Interceptor] | None:
         """The type named ``name`` (its plugin_name, or ``module:Class``)."""
         found = self._types.get(name)
