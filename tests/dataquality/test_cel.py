@@ -91,6 +91,19 @@ def test_type_int_may_be_false_and_runs_on_the_reference() -> None:
     assert not compile_cel("type(value.whole) == int").fast
 
 
+@pytest.mark.parametrize(("amount", "passes"), [(5, True), (5.0, True), (0, True), (0.0, True), (-1, False)])
+def test_range_check_is_the_same_for_int_and_double(amount: int | float, passes: bool) -> None:
+    # docs/data-quality.md: numbers are generic after JSON conversion, so range checks work on 5 and 5.0 ...
+    check("value.amount >= 0", passes, value={"amount": amount})
+
+
+def test_type_check_tells_an_integral_double_from_an_int() -> None:
+    # ... but type() does not: type(value.amount) == int fails for 5.0, as the doc warns.
+    check("type(value.amount) == int", True, value={"amount": 5}, fast=False)
+    check("type(value.amount) == int", False, value={"amount": 5.0}, fast=False)
+    check("value.amount == 5", True, value={"amount": 5.0})
+
+
 @pytest.mark.parametrize(
     ("expr", "expected"),
     [

@@ -126,10 +126,16 @@ def test_permissions_over_kafka_apply_live_and_proxies_heartbeat(
         return beat is not None and beat["type"] == "Heartbeat" and beat["applicationInstances"] == 1
 
     assert wait_until(heartbeat_seen)
+    # The proxy writes its events in the order it reads the commands: once the tombstone's event is
+    # there, the invalid command's (read before it) is too. The valid command under that key was
+    # acknowledged CommandApplied earlier; the last event under the key must be the rejection.
+    orders_event = b"command/srp-test/proxy-1/ApplicationInstance/orders"
+    assert wait_until(lambda: orders_event in dict(trio.run(read_all, tansu.bootstrap, events)))
     found = dict(trio.run(read_all, tansu.bootstrap, events))
     rejected = found[b"command/srp-test/proxy-1/ApplicationInstance/audit"]
-    assert rejected["type"] in ("CommandRejected", "CommandApplied")
-    assert found[b"command/srp-test/proxy-1/ApplicationInstance/orders"]["type"] == "CommandApplied"
+    assert rejected["type"] == "CommandRejected", rejected
+    assert "metadata and spec objects are required" in rejected["error"]
+    assert found[orders_event]["type"] == "CommandApplied"
     proxy.stop()
     stopped = dict(trio.run(read_all, tansu.bootstrap, events))[b"heartbeat/srp-test/proxy-1"]
     assert stopped["type"] == "Stopped"
