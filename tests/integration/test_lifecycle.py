@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
+from inprocess import bootstrap_of, inprocess_gateway
 from wire import WireClient, metadata_request
 
 from kanal.embedded import GatewayProcess, TansuBroker, free_port
@@ -81,6 +82,36 @@ def test_shutdown_answers_requests_in_flight(
         gateway.stop()
     assert "draining 1 client connections" in gateway.output
     assert "shutdown timeout" not in gateway.output  # the drain ended well before GATEWAY_SHUTDOWN_TIMEOUT_MS
+
+
+def test_a_client_that_closes_is_released_while_its_request_waits_upstream(
+    tansu: TansuBroker, unique_topic: Callable[..., str]
+) -> None:
+    """The broker holds a long-poll Fetch for 30 s; the client closes meanwhile: the gateway lets the
+    connection go at once (its descriptors too) instead of waiting for the broker's answer."""
+    topic = unique_topic()
+    admin = AdminClient({"bootstrap.servers": tansu.bootstrap})
+    for future in admin.create_topics([NewTopic(topic, 1)]).values():
+        future.result(timeout=15)
+    with inprocess_gateway(tansu) as gateway:
+        client = WireClient(bootstrap_of(gateway))
+        try:
+            client.call(metadata_request([topic]), 1)
+            client.send(_long_poll_fetch(topic, 30_000), 2)
+            assert _within(5.0, lambda: len(gateway.connections) == 1)
+        finally:
+            client.close()
+        assert _within(5.0, lambda: not gateway.connections), "the closed client's connection is still held"
+
+
+def _within(seconds: float, condition: Callable[[], bool]) -> bool:
+    """Whether ``condition`` holds within ``seconds`` (checked every 20 ms)."""
+    deadline = time.monotonic() + seconds
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.02)
+    return True
 
 
 def _refused_before(address: str, deadline: float) -> bool:

@@ -223,7 +223,8 @@ class ClientConnection:
                 try:
                     while True:
                         data = await self.client.receive_some(next_read_size(self._reader))
-                        if not data:
+                        if not data:  # the client is gone: nothing waiting upstream can reach it
+                            scope.cancel()
                             return
                         for frame in self._reader.feed(data):
                             if self.gateway.tap is not None:
