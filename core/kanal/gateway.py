@@ -260,12 +260,22 @@ class Gateway:
 
     async def _handle(self, stream: trio.abc.Stream) -> None:
         try:
-            if isinstance(stream, trio.SSLStream):
-                await stream.do_handshake()
             peer_host, peer_port, local_host, local_port = _host_port(stream)
+            if isinstance(stream, trio.SSLStream):
+                with trio.move_on_after(self.settings.tls_handshake_timeout_ms / 1000) as handshake:
+                    await stream.do_handshake()
+                if handshake.cancelled_caught:
+                    log.info(
+                        "closing client %s:%d: no TLS handshake within GATEWAY_TLS_HANDSHAKE_TIMEOUT_MS (%d ms)",
+                        peer_host,
+                        peer_port,
+                        self.settings.tls_handshake_timeout_ms,
+                    )
+                    await trio.aclose_forcefully(stream)
+                    return
         except (trio.BrokenResourceError, OSError) as exc:
             log.info("client connection failed before its first request: %s", exc)
-            await stream.aclose()
+            await trio.aclose_forcefully(stream)
             return
         info = Connection(
             id=next(self._connection_ids),

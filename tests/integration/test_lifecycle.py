@@ -104,6 +104,31 @@ def test_a_client_that_closes_is_released_while_its_request_waits_upstream(
         assert _within(5.0, lambda: not gateway.connections), "the closed client's connection is still held"
 
 
+def test_an_idle_client_is_closed_but_not_one_waiting_for_the_broker(
+    tansu: TansuBroker, unique_topic: Callable[..., str]
+) -> None:
+    """GATEWAY_IDLE_CONNECTION_TIMEOUT_MS closes a connection that sends nothing and waits for
+    nothing; a long poll longer than the timeout is answered, not cut."""
+    topic = unique_topic()
+    admin = AdminClient({"bootstrap.servers": tansu.bootstrap})
+    for future in admin.create_topics([NewTopic(topic, 1)]).values():
+        future.result(timeout=15)
+    with inprocess_gateway(tansu, env={"GATEWAY_IDLE_CONNECTION_TIMEOUT_MS": "300"}) as gateway:
+        idle, polling = WireClient(bootstrap_of(gateway)), WireClient(bootstrap_of(gateway))
+        try:
+            idle.call(metadata_request([topic]), 1)
+            polling.call(metadata_request([topic]), 1)
+            polling.send(_long_poll_fetch(topic, 1500), 2)  # five times the idle timeout
+            assert idle.closed_by_peer(timeout=5)
+            frame = polling.receive()
+            assert response_correlation_id(frame) == 2
+            assert decode_response(1, 12, frame).responses[0].partitions[0].error_code == 0
+            assert polling.closed_by_peer(timeout=5)  # idle once answered
+        finally:
+            idle.close()
+            polling.close()
+
+
 def _within(seconds: float, condition: Callable[[], bool]) -> bool:
     """Whether ``condition`` holds within ``seconds`` (checked every 20 ms)."""
     deadline = time.monotonic() + seconds

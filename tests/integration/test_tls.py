@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import datetime
 import ipaddress
+import socket
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -92,3 +94,24 @@ def test_clients_speak_tls_to_the_gateway(tansu: TansuBroker, tmp_path: Path, un
         plain = AdminClient({"bootstrap.servers": bootstrap_of(gw), "socket.timeout.ms": 2000})
         with pytest.raises(KafkaException):  # a client without TLS gets nowhere
             plain.list_topics(timeout=3)
+
+
+def test_a_client_that_never_completes_the_handshake_is_closed(tansu: TansuBroker, tmp_path: Path) -> None:
+    """A TCP client that sends no ClientHello holds a connection only until
+    GATEWAY_TLS_HANDSHAKE_TIMEOUT_MS; the gateway keeps serving."""
+    _, cert, key = _certificates(tmp_path)
+    env = {
+        "GATEWAY_SECURITY_PROTOCOL": "SSL",
+        "GATEWAY_SSL_CERTIFICATE_LOCATION": str(cert),
+        "GATEWAY_SSL_KEY_LOCATION": str(key),
+        "GATEWAY_TLS_HANDSHAKE_TIMEOUT_MS": "300",
+    }
+    with inprocess_gateway(tansu, env=env) as gw:
+        host, port = bootstrap_of(gw).rsplit(":", 1)
+        with socket.create_connection((host, int(port)), timeout=10) as silent:
+            began = time.monotonic()
+            try:
+                closed = silent.recv(1) == b""
+            except ConnectionResetError:
+                closed = True
+            assert closed and time.monotonic() - began < 5

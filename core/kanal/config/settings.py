@@ -138,6 +138,20 @@ OPTIONS: tuple[Option, ...] = (
         " connection is closed with a log line naming the interceptor.",
     ),
     Option(
+        "GATEWAY_TLS_HANDSHAKE_TIMEOUT_MS",
+        "tls_handshake_timeout_ms",
+        _int(1, 3600000),
+        10000,
+        "Longest a client may take to complete the TLS handshake; then its connection is closed.",
+    ),
+    Option(
+        "GATEWAY_IDLE_CONNECTION_TIMEOUT_MS",
+        "idle_connection_timeout_ms",
+        _int(0, 86400000),
+        600000,
+        "A client connection with no request in flight that sends nothing for this long is closed (0: never).",
+    ),
+    Option(
         "GATEWAY_SHUTDOWN_TIMEOUT_MS",
         "shutdown_timeout_ms",
         _int(0, 3600000),
@@ -219,6 +233,8 @@ class Settings:
     max_in_flight: int = 1000
     upstream_connect_timeout_ms: int = 10000
     hook_timeout_ms: int = 10000
+    tls_handshake_timeout_ms: int = 10000
+    idle_connection_timeout_ms: int = 600000
     shutdown_timeout_ms: int = 10000
     log_format: str = "text"
     log_level: str = "info"

@@ -11,6 +11,7 @@ and the reader stops reading from it.
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -129,6 +130,7 @@ class ClientConnection:
         self._chain_version = -1
         self._chain: ResolvedChain | None = None
         self._dispatcher: Dispatcher | None = None
+        self._in_flight = 0  # expected responses not yet answered (for the idle timeout)
         self._requests: trio.MemorySendChannel[Pending] | None = None
         self._identity: tuple[str | None, tuple[str, ...], str | None] = (None, (), None)
         self._read_scope = trio.CancelScope()
@@ -221,8 +223,21 @@ class ClientConnection:
         async with send:
             with self._read_scope:
                 try:
+                    idle = self.gateway.settings.idle_connection_timeout_ms / 1000 or math.inf
                     while True:
-                        data = await self.client.receive_some(next_read_size(self._reader))
+                        with trio.move_on_after(idle) as waiting:
+                            data = await self.client.receive_some(next_read_size(self._reader))
+                        if waiting.cancelled_caught:
+                            if self._in_flight or self._reader.peek_partial() is not None:
+                                continue  # waiting for the broker, or in the middle of a frame
+                            log.info(
+                                "closing idle client %s: no request for %d ms (GATEWAY_IDLE_CONNECTION_TIMEOUT_MS)",
+                                self.info.client_address,
+                                self.gateway.settings.idle_connection_timeout_ms,
+                                extra=self._fields(),
+                            )
+                            scope.cancel()
+                            return
                         if not data:  # the client is gone: nothing waiting upstream can reach it
                             scope.cancel()
                             return
@@ -260,27 +275,10 @@ class ClientConnection:
         try:
             async with receive:
                 async for pending in receive:
-                    if pending.internal is not None:
-                        await self._answer_internal(pending)
-                        continue
-                    if pending.local is not None:
-                        out = pending.local
-                    else:
-                        streamable = not pending.decode and self.gateway.tap is None
-                        head = await self._upstream_response(pending.upstream_corr, streamable)
-                        if metrics.lifecycle is not None:
-                            metrics.stage("upstream", pending.api_key, "", time.perf_counter() - pending.forwarded)
-                        if isinstance(head, tuple):  # a large response still arriving: cut through
-                            await self._relay_response(pending, *head)
-                            metrics.streamed_response(pending.api_key)
-                            metrics.response(pending.api_key, head[0], time.perf_counter() - pending.started)
-                            continue
-                        out = await self._process_response(pending, head)
-                        set_response_correlation_id(out, pending.client_corr)
-                    if self.gateway.tap is not None:
-                        self.gateway.tap(self.info, "g2c", out)
-                    await _send_frame(self.client, out)
-                    metrics.response(pending.api_key, len(out), time.perf_counter() - pending.started)
+                    try:
+                        await self._answer(pending, metrics)
+                    finally:
+                        self._in_flight -= 1
         except PeerClosed:
             log.info("upstream closed the connection of client %s", self.info.client_address, extra=self._fields())
             metrics.upstream_error()
@@ -296,6 +294,31 @@ class ClientConnection:
         except Exception:
             log.exception("closing client %s: response handling failed", self.info.client_address, extra=self._fields())
             scope.cancel()
+
+    async def _answer(self, pending: Pending, metrics: GatewayMetrics) -> None:
+        """Answers one expected response: a request of an interceptor's, a local answer, or the
+        upstream's (cut through while it arrives when nothing needs it decoded)."""
+        if pending.internal is not None:
+            await self._answer_internal(pending)
+            return
+        if pending.local is not None:
+            out = pending.local
+        else:
+            streamable = not pending.decode and self.gateway.tap is None
+            head = await self._upstream_response(pending.upstream_corr, streamable)
+            if metrics.lifecycle is not None:
+                metrics.stage("upstream", pending.api_key, "", time.perf_counter() - pending.forwarded)
+            if isinstance(head, tuple):  # a large response still arriving: cut through
+                await self._relay_response(pending, *head)
+                metrics.streamed_response(pending.api_key)
+                metrics.response(pending.api_key, head[0], time.perf_counter() - pending.started)
+                return
+            out = await self._process_response(pending, head)
+            set_response_correlation_id(out, pending.client_corr)
+        if self.gateway.tap is not None:
+            self.gateway.tap(self.info, "g2c", out)
+        await _send_frame(self.client, out)
+        metrics.response(pending.api_key, len(out), time.perf_counter() - pending.started)
 
     async def _upstream_response(self, expected: int, streamable: bool = False) -> bytearray | tuple[int, bytearray]:
         """The upstream frame answering ``expected``, skipping answers to acks=0 produces. When
@@ -382,6 +405,7 @@ class ClientConnection:
         upstream_corr = self._upstream_corr()
         set_request_correlation_id(frame, upstream_corr)
         if expects:
+            self._in_flight += 1
             await send.send(
                 Pending(
                     header.correlation_id,
@@ -446,6 +470,7 @@ class ClientConnection:
         if outcome.request is None:  # answered by an interceptor
             if expects and outcome.answer is not None:
                 pending.local = encode_response(outcome.answer, header.correlation_id)
+                self._in_flight += 1
                 await send.send(pending)
             return
         pending.upstream_corr = self._upstream_corr()
@@ -459,6 +484,7 @@ class ClientConnection:
         if pending.failures:
             pending.decode = True
         if expects:
+            self._in_flight += 1
             await send.send(pending)
         else:
             self._unanswered.append(pending.upstream_corr)
@@ -471,6 +497,7 @@ class ClientConnection:
         api_key, version = int(request.__api_key__), int(request.__version__)
         internal = _Internal()
         pending = Pending(-1, api_key, version, None, self._upstream_corr(), internal=internal)
+        self._in_flight += 1
         await self._requests.send(pending)
         await self._send_upstream(encode_request(request, pending.upstream_corr, "kanal-interceptor"))
         await internal.done.wait()
