@@ -12,9 +12,10 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from inprocess import bootstrap_of, inprocess_gateway
 from sasl_front import SaslFront
 
+from kanal.api import UpstreamError
 from kanal.config.settings import build_settings
 from kanal.embedded import TansuBroker
-from kanal.net.upstream import ControlClient, UpstreamError
+from kanal.net.kafka_client import GatewayKafkaClient
 
 pytestmark = pytest.mark.integration
 
@@ -73,7 +74,7 @@ def test_wrong_password_is_reported(tansu: TansuBroker) -> None:
             "KAFKA_SASL_PASSWORD": "wrong",
         }
     )
-    client = ControlClient(settings.upstream, 5, settings.max_frame_size)
+    client = GatewayKafkaClient(settings.upstream, 5, settings.max_frame_size, "kanal-test")
     try:
         with pytest.raises(UpstreamError, match="SASL authentication failed: Authentication failed"):
             trio.run(client.metadata)

@@ -32,9 +32,9 @@ class _Broker:
     async def call(self, make: Any, timeout: float) -> Any:
         async with self.lock:
             for attempt in (1, 2):
+                if self.calls is None:  # a failure to connect or authenticate is not retried here
+                    self.calls = await self._open()
                 try:
-                    if self.calls is None:
-                        self.calls = await self._open()
                     return await self.calls.call(make(self.calls), timeout)
                 except UnsupportedVersion:
                     raise
@@ -98,8 +98,7 @@ class GatewayKafkaClient:
         return broker
 
     async def call(self, request: Any, *, node_id: int | None = None, timeout: float | None = None) -> Any:
-        response = await self._broker(node_id).call(lambda calls: request, timeout or self.timeout)
-        return response
+        return await self._broker(node_id).call(lambda calls: request, timeout or self.timeout)
 
     async def call_built(self, make: Any, *, node_id: int | None = None, timeout: float | None = None) -> Any:
         """Like :meth:`call`, with the request built by ``make(connection)`` once the connection's

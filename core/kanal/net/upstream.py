@@ -15,7 +15,7 @@ from kanal.config.upstream import UpstreamSettings
 from kanal.net.channel import KafkaChannel, RequestChannel
 from kanal.net.tls import upstream_context
 from kanal.protocol.api import require_request_class, supported_versions
-from kanal.protocol.entities import build, nested
+from kanal.protocol.entities import build
 from kanal.protocol.sasl import SaslError, mechanism_for
 
 log = logging.getLogger(__name__)
@@ -160,73 +160,3 @@ class BrokerCalls:
     async def aclose(self) -> None:
         with trio.CancelScope(shield=True):
             await self.calls.channel.aclose()
-
-
-class ControlClient:
-    """The gateway's own connection to the cluster, for metadata and other internal calls.
-
-    One request at a time; reconnects to the next bootstrap server after a failure.
-    """
-
-    def __init__(self, upstream: UpstreamSettings, timeout: float, max_frame_size: int) -> None:
-        self.upstream = upstream
-        self.timeout = timeout
-        self.max_frame_size = max_frame_size
-        self._calls: RequestChannel | None = None
-        self._lock = trio.Lock()
-        self._bootstrap = Bootstrap(upstream.bootstrap_servers)
-        self.versions: dict[int, tuple[int, int]] = {}
-
-    async def _connect(self) -> RequestChannel:
-        async def open_one(address: Address) -> RequestChannel:
-            channel = await open_upstream(address, self.upstream, self.timeout, self.max_frame_size)
-            calls, self.versions = await api_versions(channel, "kanal-gateway")
-            return calls
-
-        return await self._bootstrap.connect(open_one)
-
-    def version_for(self, api_key: int, highest: int) -> int:
-        """The highest version of ``api_key`` at most ``highest`` that the upstream supports."""
-        low, high = self.versions.get(api_key, (0, highest))
-        version = min(high, highest)
-        if version < low:
-            raise UpstreamError(f"upstream does not support api key {api_key} at version {highest} or lower")
-        return version
-
-    async def call(self, body: Any) -> Any:
-        """Sends one request; on a broken connection, reconnects once and retries."""
-        async with self._lock:
-            for attempt in (1, 2):
-                if self._calls is None:
-                    self._calls = await self._connect()
-                try:
-                    with trio.fail_after(self.timeout):
-                        return await self._calls.call(body)
-                except (
-                    OSError,
-                    trio.BrokenResourceError,
-                    trio.ClosedResourceError,
-                    ConnectionError,
-                    trio.TooSlowError,
-                ) as exc:
-                    await self.aclose_unlocked()
-                    if attempt == 2:
-                        raise UpstreamError(f"upstream call failed: {exc}") from exc
-            raise AssertionError("unreachable")
-
-    async def metadata(self, topics: list[str] | None = None) -> Any:
-        """A Metadata response for the given topics (None: all topics)."""
-        version = self.version_for(3, 12)
-        cls = require_request_class(3, version)
-        requested = None if topics is None else tuple(build(nested(cls, "topics"), name=t) for t in topics)
-        return await self.call(build(cls, topics=requested, allow_auto_topic_creation=False))
-
-    async def aclose_unlocked(self) -> None:
-        if self._calls is not None:
-            calls, self._calls = self._calls, None
-            with trio.CancelScope(shield=True):
-                await calls.channel.aclose()
-
-    async def aclose(self) -> None:
-        async with self._lock:
-            await self.aclose_unlocked()
