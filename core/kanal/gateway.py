@@ -24,6 +24,8 @@ from kanal.net.connection import ClientConnection, FrameTap
 from kanal.net.kafka_client import GatewayKafkaClient
 from kanal.net.tls import server_context, upstream_context
 from kanal.net.upstream import open_upstream
+from kanal.net.upstream_link import UpstreamLink
+from kanal.net.upstream_pool import UpstreamPool
 from kanal.pipeline.chain import Pipeline
 from kanal.pipeline.core_rules import CoreRules
 from kanal.pipeline.registry import PluginRegistry
@@ -95,6 +97,8 @@ class Gateway:
         self._bootstrap = itertools.cycle(settings.upstream.bootstrap_servers)
         self._connection_ids = itertools.count(1)
         self.connections: set[ClientConnection] = set()
+        self._pools: dict[int, UpstreamPool] = {}
+        self._pool_nursery: trio.Nursery | None = None
         self._idle = trio.Event()
         self._idle.set()
         self._serve_scope = trio.CancelScope()
@@ -166,6 +170,40 @@ class Gateway:
             self._upstream_tls,
         )
 
+    async def open_link(self, node_id: int, *, shared: bool) -> UpstreamLink:
+        """A new link to broker ``node_id``, counted in ``gateway_upstream_connections_active``."""
+        try:
+            channel = await self.connect_upstream(node_id)
+        except ConnectionError:
+            self.metrics.upstream_error()
+            raise
+        gauge = self.metrics.upstream_connections
+        gauge.inc()
+        return UpstreamLink(
+            channel,
+            name=f"{'shared' if shared else 'own'}:{node_id}",
+            request_timeout=self.settings.upstream_request_timeout_ms / 1000,
+            shared=shared,
+            tap=self.tap,
+            on_closed=gauge.dec,
+        )
+
+    def upstream_pool(self, node_id: int) -> UpstreamPool | None:
+        """The shared links to ``node_id`` (GATEWAY_UPSTREAM_CONNECTION_POOL_TYPE), or None."""
+        if self.settings.upstream_pool_type == "none":
+            return None
+        pool = self._pools.get(node_id)
+        if pool is None:
+            assert self._pool_nursery is not None, "pools exist only while the gateway runs"
+
+            async def open_link() -> UpstreamLink:
+                return await self.open_link(node_id, shared=True)
+
+            pool = self._pools[node_id] = UpstreamPool(
+                self.settings.upstream_num_connection, open_link, self._pool_nursery
+            )
+        return pool
+
     # -- running -------------------------------------------------------------------------------
 
     async def discover(self) -> None:
@@ -212,6 +250,27 @@ class Gateway:
                 " (set GATEWAY_PORT_START / GATEWAY_BIND_HOST)",
             ) from exc
         upstream = ",".join(f"{h}:{p}" for h, p in settings.upstream.bootstrap_servers)
+        async with trio.open_nursery() as pools:
+            self._pool_nursery = pools
+            await self._serve(listeners, ports, upstream, task_status)
+            pools.cancel_scope.cancel()  # the shared links, once every client connection is gone
+        with trio.CancelScope(shield=True):
+            for interceptor in self.pipeline.instances():
+                try:
+                    await interceptor.aclose()
+                except Exception:
+                    log.exception("closing interceptor %s failed", type(interceptor).__name__)
+            await self.kafka.aclose()
+
+    async def _serve(
+        self,
+        listeners: list[trio.abc.Listener[Any]],
+        ports: range,
+        upstream: str,
+        task_status: trio.TaskStatus[Listening],
+    ) -> None:
+        settings = self.settings
+        assert self.min_broker_id is not None
         async with trio.open_nursery() as nursery:
 
             async def accept(*, task_status: trio.TaskStatus[Any]) -> None:
@@ -238,13 +297,6 @@ class Gateway:
             if draining.cancelled_caught and self.connections:
                 log.warning("shutdown timeout: closing %d connections with requests in flight", len(self.connections))
             nursery.cancel_scope.cancel()
-        with trio.CancelScope(shield=True):
-            for interceptor in self.pipeline.instances():
-                try:
-                    await interceptor.aclose()
-                except Exception:
-                    log.exception("closing interceptor %s failed", type(interceptor).__name__)
-            await self.kafka.aclose()
 
     def shutdown(self) -> None:
         """Stops accepting, stops reading new requests and lets in-flight ones finish."""

@@ -22,10 +22,15 @@ without case and with every character other than a letter or digit read as ``_``
 ``TIMEOUT_MS``            per-request timeout (default 5000)
 ========================= ======================================================================
 
-A connection declared ``TYPE=SCHEMA_REGISTRY`` with a missing URL or an unknown property stops the
-gateway at startup, naming the variable; without ``TYPE``, a connection with a ``URL`` and only the
-properties above is a schema registry connection. Other connections (KMS...) are left to the plugins
-that use them; a view naming one is refused with a message listing its properties.
+The plugin declares the family with a check (:func:`check_connections`, through ``kanal_settings``)
+that runs when the gateway starts. A connection declared ``TYPE=SCHEMA_REGISTRY`` with a missing URL,
+an unknown property (the closest one is named) or a bad value stops the gateway, naming the
+variable; without ``TYPE``, a connection with a ``URL`` and only the properties above is a schema
+registry connection. Other connections (another ``TYPE``, or no ``TYPE`` and other properties) may
+be another plugin's (KMS connections): this plugin leaves them to it, and the gateway stops only if
+no plugin reads them, naming the closest type or property any of them knows (so a misspelt
+``TYPE``, property or ``_TYPE``/``_CONFIG_`` suffix fails at startup too). A view naming another
+plugin's connection is refused with a message listing its properties.
 
 Records: Confluent framing (a zero byte, the 4-byte schema id, the payload). AVRO payloads are decoded
 with the writer schema fetched by id (``GET /schemas/ids/{id}``, references resolved) through the shared
@@ -48,12 +53,13 @@ import ssl
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from difflib import get_close_matches
 from typing import Any, Final
 
 from kanal_schemas import AVRO, JSON, RegistryError, Schema, SchemaRegistryClient, TlsSettings, prefix_ref
 
-from kanal.api import ConfigError
+from kanal.api import ConfigError, FamilyCheck, Hint
 
 __all__ = [
     "PREFIX",
@@ -62,6 +68,7 @@ __all__ = [
     "MissingSchema",
     "RegistryConnection",
     "ValueDecoders",
+    "check_connections",
     "parse_connections",
 ]
 
@@ -131,6 +138,70 @@ class RegistryConnection:
         )
 
 
+@dataclass
+class _Declared:
+    """The variables of one external connection: its TYPE (value, variable) and properties."""
+
+    type: tuple[str, str] | None = None
+    props: dict[str, tuple[str, str]] = field(default_factory=dict)
+
+    def is_registry(self) -> bool | None:
+        """True: a schema registry connection (TYPE=SCHEMA_REGISTRY, or no TYPE, a URL and only
+        registry properties). False: another TYPE. None: no TYPE and not a registry's properties
+        (another plugin's connection, or a registry with a misspelt property)."""
+        if self.type is not None:
+            return self.type[0].strip().upper().replace("-", "_") == SCHEMA_REGISTRY
+        return True if "URL" in self.props and set(self.props) <= set(PROPERTIES) else None
+
+
+def _declared(env: Mapping[str, str]) -> tuple[dict[str, _Declared], list[str]]:
+    """The connections of ``env`` by name (as written), and the family's variables of neither form
+    (``<NAME>_TYPE``, ``<NAME>_CONFIG_<PROPERTY>``)."""
+    declared: dict[str, _Declared] = {}
+    malformed = []
+    for variable, value in env.items():
+        if not variable.startswith(PREFIX):
+            continue
+        rest = variable[len(PREFIX) :]
+        if "_CONFIG_" in rest:
+            name, prop = rest.split("_CONFIG_", 1)
+            declared.setdefault(name, _Declared()).props[prop] = (value, variable)
+        elif rest.endswith("_TYPE"):
+            declared.setdefault(rest[: -len("_TYPE")], _Declared()).type = (value, variable)
+        else:
+            malformed.append(variable)
+    return declared, malformed
+
+
+def check_connections(env: Mapping[str, str]) -> FamilyCheck:
+    """The startup check of ``GATEWAY_EXTERNAL_CONNECTION_*`` (declared with ``kanal_settings``): the
+    schema registry connections are parsed (ConfigError naming the variable for one that cannot
+    work) and read; the other connections may be another plugin's, so they only get hints (the type
+    and properties a registry has), and the gateway refuses them if no plugin reads them."""
+    parse_connections(env)
+    declared, malformed = _declared(env)
+    read: list[str] = []
+    hints: dict[str, Hint] = {}
+    for name, connection in declared.items():
+        registry = connection.is_registry()
+        variables = [variable for _, variable in connection.props.values()]
+        if registry:
+            read.extend(variables + ([connection.type[1]] if connection.type else []))
+        elif registry is False and connection.type is not None:
+            hints[connection.type[1]] = Hint(values=(SCHEMA_REGISTRY,), what="external connection type")
+        else:
+            for prop, (_, variable) in connection.props.items():
+                if prop not in PROPERTIES:
+                    hints[variable] = Hint(names=[f"{PREFIX}{name}_CONFIG_{p}" for p in PROPERTIES])
+    for variable in malformed:  # no _TYPE or _CONFIG_: the shapes it may have meant, for each <NAME> it may have
+        rest = variable[len(PREFIX) :]
+        names = {rest[:i] for i, c in enumerate(rest) if c == "_"} | {rest}
+        hints[variable] = Hint(
+            names=[f"{PREFIX}{n}{suffix}" for n in names for suffix in ("_TYPE", *(f"_CONFIG_{p}" for p in PROPERTIES))]
+        )
+    return FamilyCheck(read=read, hints=hints)
+
+
 def parse_connections(
     env: Mapping[str, str], others: dict[str, list[str]] | None = None
 ) -> dict[str, RegistryConnection]:
@@ -138,33 +209,22 @@ def parse_connections(
     the variable) for a schema registry connection that cannot work. Connections left to other
     plugins (another TYPE, or no TYPE and properties a registry does not have) go to ``others``
     (name -> their properties)."""
-    declared: dict[str, dict[str, tuple[str, str]]] = {}
-    types: dict[str, tuple[str, str]] = {}
-    for variable, value in env.items():
-        if not variable.startswith(PREFIX):
-            continue
-        rest = variable[len(PREFIX) :]
-        if "_CONFIG_" in rest:
-            name, prop = rest.split("_CONFIG_", 1)
-            declared.setdefault(name, {})[prop] = (value, variable)
-        elif rest.endswith("_TYPE"):
-            types[rest[: -len("_TYPE")]] = (value, variable)
+    declared, _ = _declared(env)
     out: dict[str, RegistryConnection] = {}
-    for name in sorted(set(declared) | set(types)):
-        props = declared.get(name, {})
-        kind = types.get(name)
-        if kind is not None and kind[0].strip().upper().replace("-", "_") != SCHEMA_REGISTRY:
-            if others is not None:
-                others[normalize(name)] = sorted(props)
-            continue
-        if kind is None and ("URL" not in props or set(props) - set(PROPERTIES)):
-            if others is not None:  # another plugin's connection (or a registry with a misspelt property)
+    for name in sorted(declared):
+        props = declared[name].props
+        if not declared[name].is_registry():
+            if others is not None:  # another plugin's connection
                 others[normalize(name)] = sorted(props)
             continue
         for prop, (_, variable) in props.items():
             if prop not in PROPERTIES:
+                close = get_close_matches(prop, PROPERTIES, n=1)
                 raise ConfigError(
-                    variable, f"unknown schema registry connection property {prop} (known: {', '.join(PROPERTIES)})"
+                    variable,
+                    f"unknown schema registry connection property {prop}"
+                    + (f" (did you mean {close[0]}?)" if close else "")
+                    + f"; known: {', '.join(PROPERTIES)}",
                 )
         url = props.get("URL")
         urls = tuple(u.strip().rstrip("/") for u in (url[0] if url else "").split(",") if u.strip())

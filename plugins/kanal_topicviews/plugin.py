@@ -6,12 +6,15 @@
   :mod:`kanal_topicviews.resource`); its schema registry connections are read from the gateway's
   settings at startup (``GATEWAY_EXTERNAL_CONNECTION_<NAME>_...``, see
   :mod:`kanal_topicviews.connections`), and the helper process it may start is closed at shutdown.
+* ``kanal_settings``: the family ``GATEWAY_EXTERNAL_CONNECTION_*``, checked at startup by
+  :func:`~kanal_topicviews.connections.check_connections`, and the plugin's feature flags.
 """
 
 from __future__ import annotations
 
-from kanal.api import GatewayServices, Interceptor, ResourceKind, hookimpl
+from kanal.api import GatewayServices, Interceptor, ResourceKind, SettingsFamily, hookimpl
 
+from .connections import PREFIX, check_connections
 from .interceptor import TopicViewsInterceptor
 from .resource import topic_view_kind
 from .runtime import close_at_shutdown
@@ -32,10 +35,11 @@ def kanal_admin_resources(services: GatewayServices) -> list[ResourceKind]:
 
 
 @hookimpl
-def kanal_settings() -> list[str]:
-    """The schema registry connections views decode through, and the two helpers' switches."""
+def kanal_settings() -> list[str | SettingsFamily]:
+    """The schema registry connections views decode through (checked at startup: a misspelt property
+    or an unknown TYPE stops the gateway unless another plugin reads it), and the two helpers' switches."""
     return [
-        "GATEWAY_EXTERNAL_CONNECTION_*",
+        SettingsFamily(PREFIX, check_connections),
         "GATEWAY_FEATURE_FLAGS_TOPIC_VIEWS_HELPER_PROCESS",
         "GATEWAY_FEATURE_FLAGS_TOPIC_VIEWS_READ_AHEAD",
     ]

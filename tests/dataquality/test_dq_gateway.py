@@ -106,24 +106,47 @@ def create_topic(broker: TansuBroker, topic: str, partitions: int = 1) -> str:
 
 
 def consume_direct(broker: TansuBroker, topic: str, count: int, partitions: int = 1) -> list[Any]:
+    """Every record of ``topic`` (read from the broker, not through the gateway), which must be exactly
+    ``count``. Each partition is read from its beginning up to its high watermark, so every record
+    acknowledged before the call is seen and one more than ``count`` fails the test (no fixed "nothing
+    more" wait that a late record could slip past); while fewer than ``count`` are there, the reading
+    goes on, until ``TIMEOUT``. The high watermarks are those of the consumer's own Fetch responses
+    (all sent after the call began): the embedded broker answers ListOffsets for the latest offset
+    with the last batch's base offset plus one, short of the records of a batch after its first."""
     from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
     consumer = Consumer(
-        {"bootstrap.servers": broker.bootstrap, "group.id": f"dq-{uuid.uuid4().hex}", "enable.auto.commit": False}
+        {
+            "bootstrap.servers": broker.bootstrap,
+            "group.id": f"dq-{uuid.uuid4().hex}",
+            "enable.auto.commit": False,
+            "auto.offset.reset": "earliest",
+        }
     )
+    got: list[Any] = []
+    next_offsets: dict[int, int] = {}  # the offset after the last record read, by partition
+
+    def read_to_the_end() -> bool:
+        for p in range(partitions):
+            low, high = consumer.get_watermark_offsets(TopicPartition(topic, p), cached=True)
+            if high < 0 or next_offsets.get(p, low) < high:  # no Fetch answered yet, or records left
+                return False
+        return True
+
     try:
         consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in range(partitions)])
-        got: list[Any] = []
         deadline = time.monotonic() + TIMEOUT
-        while len(got) < count and time.monotonic() < deadline:
+        while not (read_to_the_end() and len(got) >= count):
+            assert time.monotonic() < deadline, f"read {len(got)} of {count} records of {topic} ({next_offsets})"
             msg = consumer.poll(0.3)
             if msg is None:
                 continue
             assert msg.error() is None, msg.error()
+            partition, offset = msg.partition(), msg.offset()
+            assert partition is not None and offset is not None
             got.append(msg)
-        assert len(got) == count, f"read {len(got)} of {count} records of {topic}"
-        extra = consumer.poll(0.5)
-        assert extra is None, f"more records than expected in {topic}"
+            next_offsets[partition] = offset + 1
+        assert len(got) == count, f"{len(got)} records in {topic} ({next_offsets}), expected {count}"
         return got
     finally:
         consumer.close()

@@ -169,6 +169,7 @@ def test_lost_upstream_gives_retriable_errors_then_recovers(tmp_path: Path) -> N
         broker.stop()
         probe = WireClient(gateway.bootstrap)
         try:  # the gateway cannot reach the broker: the client sees a dropped connection, retriable
+            probe.send(metadata_request(), 1)  # (the upstream connection is opened for a first request)
             assert probe.closed_by_peer(timeout=15)
         finally:
             probe.close()

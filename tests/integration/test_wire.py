@@ -9,7 +9,7 @@ import time
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from wire import WireClient, api_versions_request, metadata_request
+from wire import WireClient, api_versions_request, metadata_request, produce_request
 
 from kanal.embedded import GatewayProcess
 from kanal.protocol.headers import encode_request_header, response_correlation_id
@@ -148,27 +148,6 @@ def _rss_kib(pid: int | None) -> int:
     raise AssertionError("no VmRSS")
 
 
-def _produce_request(topic: str, acks: int, values: list[bytes]) -> object:
-    from kanal.protocol.api import require_request_class
-    from kanal.protocol.entities import build, nested
-    from kanal.protocol.records import Record, encode_batch
-
-    cls = require_request_class(0, 9)
-    topic_cls = nested(cls, "topic_data")
-    part_cls = nested(topic_cls, "partition_data")
-    batch = encode_batch(
-        [Record(i, 0, None, v, []) for i, v in enumerate(values)], base_timestamp=int(time.time() * 1000)
-    )
-    import datetime
-
-    return build(
-        cls,
-        acks=acks,
-        timeout=datetime.timedelta(seconds=5),
-        topic_data=(build(topic_cls, name=topic, partition_data=(build(part_cls, index=0, records=batch),)),),
-    )
-
-
 def test_acks_zero_produce_gets_no_response_and_keeps_order(gateway: GatewayProcess, tansu: object) -> None:
     from confluent_kafka import Consumer, TopicPartition
     from confluent_kafka.admin import AdminClient, NewTopic
@@ -180,11 +159,11 @@ def test_acks_zero_produce_gets_no_response_and_keeps_order(gateway: GatewayProc
     client = WireClient(gateway.bootstrap)
     try:
         client.call(metadata_request([topic]), 1)
-        client.send(_produce_request(topic, 0, [b"fire", b"and", b"forget"]), 2)
+        client.send(produce_request(topic, 0, [b"fire", b"and", b"forget"]), 2)
         client.send(metadata_request([topic]), 3)
         frame = client.receive()
         assert response_correlation_id(frame) == 3  # nothing was sent back for the acks=0 produce
-        client.send(_produce_request(topic, 1, [b"acked"]), 4)
+        client.send(produce_request(topic, 1, [b"acked"]), 4)
         produced = decode_response(0, 9, client.receive())
         assert produced.responses[0].partition_responses[0].error_code == 0
     finally:

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import datetime
 import socket
 import struct
+import time
 from typing import Any
 
 from kanal.protocol.api import require_request_class
 from kanal.protocol.entities import build, nested
 from kanal.protocol.headers import response_correlation_id
 from kanal.protocol.messages import decode_response, encode_request
+from kanal.protocol.records import Record, encode_batch
 
 
 class WireClient:
@@ -61,10 +64,30 @@ class WireClient:
 
 
 def metadata_request(topics: list[str] | None = None, version: int = 12) -> Any:
+    """Metadata of ``topics``, or of every topic (v0 says so with an empty list: it has no null)."""
     cls = require_request_class(3, version)
-    requested = None if topics is None else tuple(build(nested(cls, "topics"), name=t) for t in topics)
+    if topics is None:
+        requested = () if version == 0 else None
+    else:
+        requested = tuple(build(nested(cls, "topics"), name=t) for t in topics)
     return build(cls, topics=requested, allow_auto_topic_creation=False)
 
 
 def api_versions_request(version: int = 3) -> Any:
     return build(require_request_class(18, version), client_software_name="wire", client_software_version="1")
+
+
+def produce_request(topic: str, acks: int, values: list[bytes], partition: int = 0) -> Any:
+    """A Produce v9 request of ``values`` to one partition."""
+    cls = require_request_class(0, 9)
+    topic_cls = nested(cls, "topic_data")
+    part_cls = nested(topic_cls, "partition_data")
+    batch = encode_batch(
+        [Record(i, 0, None, v, []) for i, v in enumerate(values)], base_timestamp=int(time.time() * 1000)
+    )
+    return build(
+        cls,
+        acks=acks,
+        timeout=datetime.timedelta(seconds=5),
+        topic_data=(build(topic_cls, name=topic, partition_data=(build(part_cls, index=partition, records=batch),)),),
+    )

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import orjson
@@ -18,10 +18,11 @@ from kanal_topicviews.transform import FetchFailed, Transformer
 from kanal_topicviews.views import View, Views, view_topic_id
 from kio.schema.errors import ErrorCode
 
+from kanal.api import FamilyCheck, Hint, SettingsFamily, hookimpl
 from kanal.api.errors import ConfigError
 from kanal.api.resources import ResourceError
 from kanal.api.results import Reject
-from kanal.config.settings import KnownSettings, build_settings
+from kanal.config.settings import KnownSettings, Settings, build_settings
 from kanal.gateway import Gateway
 from kanal.pipeline.registry import PluginRegistry
 from kanal.protocol.api import request_class, response_class
@@ -587,6 +588,125 @@ def test_schema_registry_connections_from_the_environment() -> None:
     with pytest.raises(ConfigError) as error:
         parse_connections({"GATEWAY_EXTERNAL_CONNECTION_R_TYPE": "schema_registry"})
     assert error.value.key == "GATEWAY_EXTERNAL_CONNECTION_R_CONFIG_URL"
+
+
+EC = "GATEWAY_EXTERNAL_CONNECTION_"
+VAULT_PROPERTIES = ("URI", "TOKEN", "AUTH_TYPE", "ENGINE_TYPE", "ENGINE_MOUNT")
+
+
+class FakeKmsPlugin:
+    """Another plugin declaring the external-connection family for its own type (VAULT), as a KMS
+    plugin will: it reads its connections, rejects what is wrong with them, and hints at the rest."""
+
+    @staticmethod
+    def check(variables: Mapping[str, str]) -> FamilyCheck:
+        mine = {
+            v[len(EC) : -len("_TYPE")] for v, value in variables.items() if v.endswith("_TYPE") and value == "VAULT"
+        }
+        read: list[str] = []
+        hints: dict[str, Hint] = {}
+        for variable in variables:
+            name, _, prop = variable[len(EC) :].partition("_CONFIG_")
+            if not prop and variable.endswith("_TYPE"):
+                if variable[len(EC) : -len("_TYPE")] in mine:
+                    read.append(variable)
+                else:
+                    hints[variable] = Hint(values=["VAULT"], what="external connection type")
+            elif name in mine:
+                if prop not in VAULT_PROPERTIES:
+                    raise ConfigError(variable, f"unknown vault connection property {prop}")
+                read.append(variable)
+        return FamilyCheck(read=read, hints=hints)
+
+    @hookimpl
+    def kanal_settings(self) -> list[str | SettingsFamily]:
+        return [SettingsFamily(EC + "*", self.check)]
+
+
+def startup(env: dict[str, str], *, kms: bool = False) -> Settings:
+    """The gateway's settings as ``kanal run`` builds them at startup, with the topic views plugin (and
+    the fake KMS plugin)."""
+    import kanal_topicviews.plugin as plugin
+
+    registry = PluginRegistry()
+    registry.register(plugin, "topic-views")
+    if kms:
+        registry.register(FakeKmsPlugin(), "kms")
+    return build_settings(env, known=KnownSettings(registry.declared_settings()))
+
+
+@pytest.mark.parametrize(
+    "env,error",
+    [
+        (
+            {f"{EC}SR_CONFIG_URLL": "http://r:8081"},
+            f"{EC}SR_CONFIG_URLL: unknown setting (did you mean {EC}SR_CONFIG_URL?)",
+        ),
+        (
+            {f"{EC}SR_CONFIG_URL": "http://r:8081", f"{EC}SR_TYPEE": "SCHEMA_REGISTRY"},
+            f"{EC}SR_TYPEE: unknown setting (did you mean {EC}SR_TYPE?)",
+        ),
+        (
+            {f"{EC}SR_CONFIGURL": "http://r:8081"},
+            f"{EC}SR_CONFIGURL: unknown setting (did you mean {EC}SR_CONFIG_URL?)",
+        ),
+        (
+            {f"{EC}SR_CONFIG_URL": "http://r:8081", f"{EC}SR_CONFIG_BASIC_AUTH_PASWORD": "pw"},
+            f"{EC}SR_CONFIG_BASIC_AUTH_PASWORD: unknown setting (did you mean {EC}SR_CONFIG_BASIC_AUTH_PASSWORD?)",
+        ),
+        (
+            {f"{EC}SR_TYPE": "SCHEMA_REGISTRY", f"{EC}SR_CONFIG_URLL": "http://r:8081"},
+            f"{EC}SR_CONFIG_URLL: unknown schema registry connection property URLL (did you mean URL?); known: URL,",
+        ),
+        (
+            {f"{EC}SR_TYPE": "SCHEMA_REGISTRY"},
+            f"{EC}SR_CONFIG_URL: required: the schema registry's URL",
+        ),
+        (
+            {f"{EC}SR_CONFIG_URL": "http://r:8081", f"{EC}SR_CONFIG_TIMEOUT_MS": "soon"},
+            f"{EC}SR_CONFIG_TIMEOUT_MS: expected a positive integer, got 'soon'",
+        ),
+        (
+            {f"{EC}V_TYPE": "VAULT", f"{EC}V_CONFIG_URI": "http://v:8200"},
+            f"{EC}V_TYPE: unknown external connection type 'VAULT'; known: SCHEMA_REGISTRY",
+        ),
+        (
+            {f"{EC}SR_TYPE": "SCHEMA_REGISTRI", f"{EC}SR_CONFIG_URL": "http://r:8081"},
+            f"{EC}SR_TYPE: unknown external connection type 'SCHEMA_REGISTRI' (did you mean SCHEMA_REGISTRY?);"
+            " known: SCHEMA_REGISTRY",
+        ),
+    ],
+)
+def test_a_misspelt_external_connection_stops_the_gateway_at_startup(env: dict[str, str], error: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        startup(env)
+    assert str(info.value).startswith(error)
+
+
+def test_another_plugin_adds_external_connection_types() -> None:
+    env = {
+        f"{EC}MY_SR_CONFIG_URL": "http://r:8081",
+        f"{EC}MY_VAULT_TYPE": "VAULT",
+        f"{EC}MY_VAULT_CONFIG_URI": "http://v:8200",
+        f"{EC}MY_VAULT_CONFIG_ENGINE_TYPE": "TRANSIT",
+    }
+    startup(env, kms=True)
+    decoders = ValueDecoders.from_env(env)
+    assert decoders.has("my-sr") and "ENGINE_TYPE, URI" in (decoders.why_not("my-vault") or "")
+    with pytest.raises(ConfigError) as info:  # the vault connection's owner names what is wrong in it
+        startup({**env, f"{EC}MY_VAULT_CONFIG_ENGINE": "TRANSIT"}, kms=True)
+    assert str(info.value) == f"{EC}MY_VAULT_CONFIG_ENGINE: unknown vault connection property ENGINE"
+    with pytest.raises(ConfigError) as info:  # a type neither plugin knows: the types of both
+        startup({**env, f"{EC}MY_VAULT_TYPE": "VALT"}, kms=True)
+    assert str(info.value) == (
+        f"{EC}MY_VAULT_TYPE: unknown external connection type 'VALT' (did you mean VAULT?);"
+        " known: SCHEMA_REGISTRY, VAULT"
+    )
+    with pytest.raises(ConfigError) as info:  # the registry's hints still apply beside the other plugin
+        startup({**env, f"{EC}OTHER_CONFIG_URLL": "http://r:8081"}, kms=True)
+    assert str(info.value) == f"{EC}OTHER_CONFIG_URLL: unknown setting (did you mean {EC}OTHER_CONFIG_URL?)"
+    with pytest.raises(ConfigError, match=r"unknown external connection type 'VAULT'"):  # without that plugin
+        startup(env)
 
 
 # -- read-ahead and the helper process -------------------------------------------------------------------

@@ -1,12 +1,16 @@
+from collections.abc import Callable, Mapping
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
+from kanal.api import FamilyCheck, Hint, SettingsFamily, hookimpl
 from kanal.api.errors import ConfigError
 from kanal.config.loader import load_settings
 from kanal.config.placeholders import expand
 from kanal.config.settings import KnownSettings, build_settings
 from kanal.config.upstream import parse_jaas
+from kanal.pipeline.registry import PluginRegistry
 
 
 def test_defaults() -> None:
@@ -84,6 +88,86 @@ def test_settings_plugins_declare_are_known() -> None:
     assert s.feature("my_flag", True) is False
     with pytest.raises(ConfigError, match=r"GATEWAY_MY_LIMT: unknown setting \(did you mean GATEWAY_MY_LIMIT\?\)"):
         build_settings({"GATEWAY_MY_LIMT": "3"}, known=known)
+
+
+THING = "GATEWAY_THING_"
+
+
+def thing_plugin(kind: str, properties: tuple[str, ...]) -> SimpleNamespace:
+    """A fake plugin reading the ``GATEWAY_THING_<NAME>_TYPE=<kind>`` things of the family it shares with
+    others (``GATEWAY_THING_<NAME>_CONFIG_<PROPERTY>``), as connection types of two plugins would."""
+
+    def check(variables: Mapping[str, str]) -> FamilyCheck:
+        mine = {
+            v[len(THING) : -len("_TYPE")] for v, value in variables.items() if v.endswith("_TYPE") and value == kind
+        }
+        read, hints = [], {}
+        for variable in variables:
+            name, _, prop = variable[len(THING) :].partition("_CONFIG_")
+            if variable.endswith("_TYPE") and "_CONFIG_" not in variable:
+                if variable[len(THING) : -len("_TYPE")] in mine:
+                    read.append(variable)
+                else:
+                    hints[variable] = Hint(values=[kind], what="thing type")
+            elif name in mine:
+                if prop not in properties:
+                    raise ConfigError(variable, f"unknown {kind} property {prop}")
+                read.append(variable)
+            elif prop:
+                hints[variable] = Hint(names=[f"{THING}{name}_CONFIG_{p}" for p in properties])
+        return FamilyCheck(read=read, hints=hints)
+
+    @hookimpl
+    def kanal_settings() -> list[str | SettingsFamily]:
+        return [SettingsFamily(THING + "*", check)]
+
+    return SimpleNamespace(kanal_settings=kanal_settings)
+
+
+def two_plugins() -> Callable[[dict[str, str]], object]:
+    registry = PluginRegistry()
+    registry.register(thing_plugin("ALPHA", ("HOST", "PORT")), "alpha")
+    registry.register(thing_plugin("BETA", ("TOKEN",)), "beta")
+    known = KnownSettings(registry.declared_settings())
+    return lambda env: build_settings(env, known=known)
+
+
+def test_two_plugins_check_the_family_they_share() -> None:
+    build = two_plugins()
+    build(
+        {
+            "GATEWAY_THING_A_TYPE": "ALPHA",
+            "GATEWAY_THING_A_CONFIG_HOST": "h",
+            "GATEWAY_THING_B_TYPE": "BETA",
+            "GATEWAY_THING_B_CONFIG_TOKEN": "t",
+        }
+    )
+    with pytest.raises(ConfigError) as info:
+        build({"GATEWAY_THING_A_TYPE": "BETTA", "GATEWAY_THING_A_CONFIG_HOST": "h"})
+    assert str(info.value) == (
+        "GATEWAY_THING_A_TYPE: unknown thing type 'BETTA' (did you mean BETA?); known: ALPHA, BETA"
+    )
+    with pytest.raises(ConfigError) as info:  # the owner of the type names what is wrong
+        build({"GATEWAY_THING_A_TYPE": "ALPHA", "GATEWAY_THING_A_CONFIG_TOKEN": "t"})
+    assert str(info.value) == "GATEWAY_THING_A_CONFIG_TOKEN: unknown ALPHA property TOKEN"
+    with pytest.raises(ConfigError) as info:  # a thing without a type: hints of both plugins
+        build({"GATEWAY_THING_C_CONFIG_TOKN": "t"})
+    assert (
+        str(info.value) == "GATEWAY_THING_C_CONFIG_TOKN: unknown setting (did you mean GATEWAY_THING_C_CONFIG_TOKEN?)"
+    )
+    with pytest.raises(ConfigError) as info:  # not of the family's shape: no plugin reads it, none has a hint
+        build({"GATEWAY_THING_C": "x"})
+    assert str(info.value) == "GATEWAY_THING_C: unknown setting (no plugin reads it)"
+
+
+def test_a_family_declared_without_a_check_accepts_its_variables() -> None:
+    checked = KnownSettings([SettingsFamily("GATEWAY_THING_", lambda variables: FamilyCheck())])
+    with pytest.raises(ConfigError, match=r"^GATEWAY_THING_X: unknown setting"):
+        build_settings({"GATEWAY_THING_X": "1"}, known=checked)
+    for declared in ("GATEWAY_THING_*", SettingsFamily("GATEWAY_THING_*")):
+        assert build_settings({"GATEWAY_THING_X": "1"}, known=KnownSettings([declared]))
+    with pytest.raises(ConfigError, match=r"did you mean GATEWAY_THING_\*"):
+        build_settings({"GATEWAY_THINGS": "1"}, known=checked)
 
 
 def test_kanal_run_requires_a_cluster(tmp_path: Path) -> None:

@@ -50,6 +50,7 @@ from kanal.api.results import (
     ResponseResult,
 )
 from kanal.api.services import GatewayServices, KafkaClient, LogRecord, Service, StateLog, TopicNames
+from kanal.api.settings import FamilyCheck, Hint, SettingsFamily
 from kanal.protocol.api import ApiKey, api_name, require_request_class, response_class
 from kanal.protocol.api import request_class as request_class
 from kanal.protocol.entities import build, has_field, nested
@@ -95,9 +96,11 @@ __all__ = [
     "Connection",
     "CorruptRecordError",
     "ErrorCode",
+    "FamilyCheck",
     "GatewayServices",
     "Headers",
     "HelperProcess",
+    "Hint",
     "Interceptor",
     "InterceptorConfigError",
     "InterceptorSpec",
@@ -125,6 +128,7 @@ __all__ = [
     "ResponseResult",
     "Scope",
     "Service",
+    "SettingsFamily",
     "StateLog",
     "StateView",
     "Status",

@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     from kanal.api.resources import ResourceKind
     from kanal.api.results import RecordsResult, RequestResult, ResponseResult
     from kanal.api.services import GatewayServices, Service
+    from kanal.api.settings import SettingsFamily
 
 PROJECT = "kanal"
 
@@ -98,6 +99,25 @@ class PluginHooks:
         background followers. Return an empty list when the plugin is not enabled. Raise
         :class:`~kanal.api.errors.ConfigError` for a configuration that cannot work: the gateway
         then refuses to start and names the setting.
+        """
+
+    @hookspec
+    def kanal_settings(self) -> list[str | SettingsFamily]:  # type: ignore[empty-body]
+        """Return the ``GATEWAY_*`` names this plugin reads (called once, before the gateway parses its
+        settings): variables (``GATEWAY_MY_LIMIT``), feature flags (``GATEWAY_FEATURE_FLAGS_MY_FLAG``)
+        and families, every variable under a prefix (``"GATEWAY_MY_THING_*"``).
+
+        The gateway refuses to start on a ``GATEWAY_*`` name neither the core nor a plugin declares,
+        naming the closest known one. A family declared as a string accepts any name under it; declare
+        it as a :class:`~kanal.api.settings.SettingsFamily` with a ``check`` to have its variables
+        checked too, at startup: the check gets the family's variables, raises
+        :class:`~kanal.api.errors.ConfigError` naming the variable for what it owns and finds wrong,
+        and returns a :class:`~kanal.api.settings.FamilyCheck`: the variables it reads, and for some
+        others a :class:`~kanal.api.settings.Hint` (the names or values it would have read). A
+        variable that no plugin declaring the family reads stops the gateway, naming the closest name
+        or value of all their hints. Several plugins may declare the same family (each its own
+        external connection types): so never raise for a variable that another plugin may read, give
+        a hint instead.
         """
 
 

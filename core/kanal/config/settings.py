@@ -14,6 +14,7 @@ from typing import Any
 
 from kanal.api.errors import ConfigError
 from kanal.api.interceptor import InterceptorSpec, Scope
+from kanal.api.settings import FamilyCheck, Hint, SettingsFamily
 from kanal.config.upstream import UpstreamSettings, parse_upstream
 from kanal.config.users import AdminUser, parse_users
 from kanal.protocol.framing import DEFAULT_MAX_FRAME_SIZE
@@ -21,7 +22,7 @@ from kanal.protocol.framing import DEFAULT_MAX_FRAME_SIZE
 GATEWAY_PREFIX = "GATEWAY_"
 FEATURE_FLAG_PREFIX = "GATEWAY_FEATURE_FLAGS_"
 #: The core's own feature flags (``GATEWAY_FEATURE_FLAGS_<NAME>``); plugins declare theirs.
-CORE_FEATURE_FLAGS = frozenset({"LIFECYCLE_METRICS"})
+CORE_FEATURE_FLAGS = frozenset({"LIFECYCLE_METRICS", "VALIDATE_REQUESTS"})
 
 _BOOL = {"true": True, "1": True, "yes": True, "on": True, "false": False, "0": False, "no": False, "off": False}
 
@@ -130,6 +131,31 @@ OPTIONS: tuple[Option, ...] = (
         "Timeout to connect and authenticate to an upstream broker.",
     ),
     Option(
+        "GATEWAY_UPSTREAM_REQUEST_TIMEOUT_MS",
+        "upstream_request_timeout_ms",
+        _int(1, 3600000),
+        30000,
+        "Longest the gateway waits for the upstream to answer a request, on top of the wait the request"
+        " itself asks for (a Fetch's max wait, a JoinGroup's rebalance timeout); past it the client gets a"
+        " retriable error (REQUEST_TIMED_OUT) and that upstream connection is closed.",
+    ),
+    Option(
+        "GATEWAY_UPSTREAM_CONNECTION_POOL_TYPE",
+        "upstream_pool_type",
+        _choice("none", "round_robin"),
+        "none",
+        "NONE: each client connection has its own upstream connection. ROUND_ROBIN: client connections share"
+        " GATEWAY_UPSTREAM_NUM_CONNECTION upstream connections per broker (requests that may wait at the"
+        " broker, such as long-poll Fetches, and clients that authenticate to the broker keep their own).",
+    ),
+    Option(
+        "GATEWAY_UPSTREAM_NUM_CONNECTION",
+        "upstream_num_connection",
+        _int(1, 1000),
+        10,
+        "Shared upstream connections per broker when GATEWAY_UPSTREAM_CONNECTION_POOL_TYPE is ROUND_ROBIN.",
+    ),
+    Option(
         "GATEWAY_HOOK_TIMEOUT_MS",
         "hook_timeout_ms",
         _int(1, 3600000),
@@ -232,6 +258,9 @@ class Settings:
     max_frame_size: int = DEFAULT_MAX_FRAME_SIZE
     max_in_flight: int = 1000
     upstream_connect_timeout_ms: int = 10000
+    upstream_request_timeout_ms: int = 30000
+    upstream_pool_type: str = "none"
+    upstream_num_connection: int = 10
     hook_timeout_ms: int = 10000
     tls_handshake_timeout_ms: int = 10000
     idle_connection_timeout_ms: int = 600000
@@ -346,16 +375,30 @@ def parse_interceptors(items: Any) -> tuple[InterceptorSpec, ...]:
 
 
 class KnownSettings:
-    """The ``GATEWAY_*`` names plugins declare (``kanal_settings``): variables, families (``GATEWAY_X_*``)
-    and feature flags (``GATEWAY_FEATURE_FLAGS_X``). Any other ``GATEWAY_*`` name fails at startup."""
+    """The ``GATEWAY_*`` names plugins declare (``kanal_settings``): variables, families (``GATEWAY_X_*``,
+    or a :class:`~kanal.api.settings.SettingsFamily` its plugin checks) and feature flags
+    (``GATEWAY_FEATURE_FLAGS_X``). Any other ``GATEWAY_*`` name fails at startup, and so does a variable
+    of a checked family that none of the plugins declaring that family reads."""
 
-    def __init__(self, declared: Iterable[str] = ()) -> None:
-        names = {n.upper() for n in declared}
+    def __init__(self, declared: Iterable[str | SettingsFamily] = ()) -> None:
+        names: set[str] = set()
+        prefixes: set[str] = set()
+        self.families: dict[str, list[Callable[[Mapping[str, str]], FamilyCheck]]] = {}
+        for item in declared:
+            if isinstance(item, SettingsFamily):
+                if item.check is None:
+                    prefixes.add(item.prefix)
+                else:
+                    self.families.setdefault(item.prefix, []).append(item.check)
+            elif item.endswith("*"):
+                prefixes.add(item.upper()[:-1])
+            else:
+                names.add(item.upper())
         self.flags = CORE_FEATURE_FLAGS | {
             n[len(FEATURE_FLAG_PREFIX) :] for n in names if n.startswith(FEATURE_FLAG_PREFIX)
         }
-        self.prefixes = tuple(n[:-1] for n in names if n.endswith("*"))
-        self.names = {n for n in names if not n.endswith("*") and not n.startswith(FEATURE_FLAG_PREFIX)}
+        self.prefixes = tuple(sorted(prefixes))
+        self.names = {n for n in names if not n.startswith(FEATURE_FLAG_PREFIX)}
 
     def check_flag(self, name: str, where: str) -> str:
         flag = name[len(FEATURE_FLAG_PREFIX) :]
@@ -367,10 +410,52 @@ class KnownSettings:
         return flag
 
     def check_other(self, name: str, where: str) -> None:
-        if name in self.names or name.startswith(self.prefixes):
+        """Accepts a declared name or a variable under a family's prefix (checked families are then
+        checked as a whole by :meth:`check_families`)."""
+        if name in self.names or name.startswith(self.prefixes) or name.startswith(tuple(self.families)):
             return
-        close = get_close_matches(name, [*_BY_ENV, *self.names, *(p + "*" for p in self.prefixes)], n=1)
+        families = [p + "*" for p in (*self.prefixes, *self.families)]
+        close = get_close_matches(name, [*_BY_ENV, *self.names, *families], n=1)
         raise ConfigError(where, "unknown setting" + (f" (did you mean {close[0]}?)" if close else ""))
+
+    def check_families(self, env: Mapping[str, str]) -> None:
+        """Runs every plugin's check of its family on the family's variables of ``env``; a variable
+        no plugin reads fails, with the closest name or value the plugins would have read there."""
+        read: set[str] = set()
+        hints: dict[str, list[Hint]] = {}
+        family_names: set[str] = set()
+        for prefix, checks in self.families.items():
+            variables = {n: v for n, v in env.items() if n.startswith(prefix)}
+            family_names.update(variables)
+            for check in checks:
+                verdict = check(variables)
+                read.update(verdict.read)
+                for variable, hint in verdict.hints.items():
+                    hints.setdefault(variable, []).append(hint)
+        accepted = read | self.names | _BY_ENV.keys()
+        unread = sorted(n for n in family_names - accepted if not n.startswith(self.prefixes))
+        if unread:
+            raise _unread_error(unread, env, hints)
+
+
+def _unread_error(unread: list[str], env: Mapping[str, str], hints: Mapping[str, list[Hint]]) -> ConfigError:
+    """The error for the first variable of a family no plugin reads: a value no plugin knows first (a
+    connection TYPE explains the variables around it), then a name with a close known name."""
+    for name in unread:
+        values = sorted({v for h in hints.get(name, ()) for v in h.values})
+        if values:
+            what = next(h.what for h in hints[name] if h.values)
+            value = env[name]
+            by_upper = {v.upper(): v for v in values}
+            close = get_close_matches(value.strip().upper(), list(by_upper), n=1)
+            suggestion = f" (did you mean {by_upper[close[0]]}?)" if close else ""
+            return ConfigError(name, f"unknown {what} {value!r}{suggestion}; known: {', '.join(values)}")
+    for name in unread:
+        names = sorted({n for h in hints.get(name, ()) for n in h.names} - {name})
+        close = get_close_matches(name, names, n=1)
+        if close:
+            return ConfigError(name, f"unknown setting (did you mean {close[0]}?)")
+    return ConfigError(unread[0], "unknown setting (no plugin reads it)")
 
 
 def build_settings(
@@ -378,7 +463,8 @@ def build_settings(
 ) -> Settings:
     """Validated settings from the environment and an optional (already expanded) YAML document;
     ``known`` holds what the plugins declared (an unknown ``GATEWAY_*`` name fails, naming the
-    closest known one)."""
+    closest known one; their checks of the families they declared run here, so a bad variable of a
+    family stops the gateway at startup, not at first use)."""
     known = known or KnownSettings()
     doc = _check_mapping(document, "config file")
     unknown_sections = set(doc) - {"gateway", "kafka", "interceptors"}
@@ -402,6 +488,7 @@ def build_settings(
             values[option.attr] = option.parse(raw)
         except ValueError as exc:
             raise ConfigError(where, str(exc)) from None
+    known.check_families(env)
     settings = Settings(
         **values,
         feature_flags=flags,

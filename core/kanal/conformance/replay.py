@@ -264,6 +264,7 @@ class _Replay:
         self.gateway = gateway
         self.result = result
         self.clients: dict[int, _Client] = {}
+        self.bound: dict[int, trio.Event] = {}
         self.dead: set[int] = set()
         assert gateway.min_broker_id is not None
         nodes = set(broker.captured_brokers.values()) | set(broker_addresses(capture.expected_responses()).values())
@@ -307,23 +308,19 @@ class _Replay:
                 await self.close(frame.conn)
 
     async def connect(self, conn: int) -> _Client | None:
-        bound = self.broker.expect(conn)
+        self.bound[conn] = self.broker.expect(conn)
         port = self.port_of(conn)
         try:
             stream = await trio.open_tcp_stream("127.0.0.1", port)
         except OSError as exc:
             self.fail([f"conn {conn}: cannot connect to the gateway on port {port}: {exc}"])
             return None
-        with trio.move_on_after(self.case.timeout):
-            await bound.wait()
-        if not bound.is_set():
-            self.broker.expect_nothing()
-            self.fail([f"conn {conn}: the gateway opened no upstream connection within {self.case.timeout} s"])
         client = _Client(stream)
         self.clients[conn] = client
         return client
 
     async def send(self, frame: Frame) -> None:
+        new = frame.conn not in self.clients
         client = self.clients.get(frame.conn) or await self.connect(frame.conn)
         if client is None:
             self.dead.add(frame.conn)
@@ -333,6 +330,17 @@ class _Replay:
         except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
             self.fail([f"conn {frame.conn} seq {frame.seq}: the gateway closed the connection ({exc})"])
             self.dead.add(frame.conn)
+            return
+        if new:  # the gateway opens a client's upstream connection on its first request
+            await self._wait_bound(frame.conn)
+
+    async def _wait_bound(self, conn: int) -> None:
+        bound = self.bound[conn]
+        with trio.move_on_after(self.case.timeout):
+            await bound.wait()
+        if not bound.is_set():
+            self.broker.expect_nothing()
+            self.fail([f"conn {conn}: the gateway opened no upstream connection within {self.case.timeout} s"])
 
     async def receive(self, expected: Frame) -> None:
         exchange = self.exchange_of.get(id(expected))

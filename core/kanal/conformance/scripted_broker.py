@@ -2,7 +2,7 @@
 
 Each upstream connection the gateway opens for a client is *bound* to one captured connection: the
 replayer announces which captured connection it is about to open (:meth:`ScriptedBroker.expect`)
-and connects; the gateway opens its upstream connection when it accepts the client, and the next
+and connects; the gateway opens its upstream connection on the client's first request, and the next
 connection the broker accepts is bound to it. The gateway's own control connection (opened before
 the replay starts) stays unbound.
 

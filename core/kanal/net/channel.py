@@ -14,6 +14,7 @@ from kanal.protocol.framing import FrameReader, InvalidFrame
 from kanal.protocol.headers import response_correlation_id
 from kanal.protocol.messages import decode_response, encode_request
 from kanal.protocol.scan import ResponseScan
+from kanal.protocol.validate import RequestScan
 
 READ_SIZE = 256 * 1024  # measured: 64 KiB reads cost about 25% of forwarding throughput
 # The first read at a frame boundary, where a frame may be streamed: small, so that a large frame's
@@ -152,6 +153,33 @@ async def relay(
     last = finish(tail) if finish is not None else tail
     assert len(last) == len(tail)
     await out.send_all(last)
+
+
+async def relay_checked(
+    source: trio.abc.ReceiveStream, out: trio.abc.SendStream, size: int, head: bytearray, check: RequestScan
+) -> None:
+    """Forwards a request frame while it arrives, like :func:`relay`, each part checked against the
+    request's schema before it goes on (the bytes the check calls opaque, record bodies, pass
+    unread). Raises MalformedRequest at the first part that breaks it: the parts before it went on,
+    so the caller must give up ``out``."""
+    check.feed(head)
+    await out.send_all(_LEN.pack(size) + head)
+    received = len(head)
+    while received < size:
+        left = size - received
+        opaque = min(check.opaque, left)
+        if opaque >= _FORWARD_FROM:
+            await forward(source, out, opaque)
+            check.skip(opaque)
+            received += opaque
+            continue
+        data = await source.receive_some(min(max(opaque, _STRUCTURE_READ), left))
+        if not data:
+            raise PeerClosed("connection closed by peer")
+        check.feed(data)
+        await out.send_all(data)
+        received += len(data)
+    check.finish()
 
 
 class RequestChannel:

@@ -1,11 +1,13 @@
 """One client connection: requests in, through the chain, upstream; responses back, in order.
 
 Two tasks per connection. The reader takes frames from the client, runs request hooks and sends
-them upstream, queueing one entry per expected response. The writer takes entries in that same
-order and answers each one, either with the next upstream frame (a broker answers one connection
-in request order) or with a response the gateway built itself. So ordering is structural, and the
-bounded queue is the backpressure: a client that stops reading stops the writer, the queue fills
-and the reader stops reading from it.
+them upstream on a link (:mod:`kanal.net.upstream_link`): the client's own, or a shared one of the
+broker's pool. Each request that expects an answer takes a slot in the client's session
+(:class:`~kanal.protocol.session.ClientSession`); the link's reader fills the slot when the broker
+answers, the gateway fills it itself for a local answer. The writer sends the filled slots at the
+head of the session, in request order, several at once when several are ready. The session is
+bounded: a client that stops reading stops the writer, the session fills and the reader stops
+reading from that client.
 """
 
 from __future__ import annotations
@@ -13,28 +15,26 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections import deque
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 import trio
 
 from kanal.api.context import Connection, Notes, RequestContext, ResponseContext
-from kanal.net.channel import STREAM_FROM, KafkaChannel, next_read_size, receive_rest, relay
-from kanal.net.forward import PeerClosed
+from kanal.net.channel import STREAM_FROM, next_read_size, receive_rest, relay
+from kanal.net.upstream_link import UpstreamClosed, UpstreamLink, UpstreamTimeout
 from kanal.pipeline.chain import Pipeline, ResolvedChain
 from kanal.pipeline.core_rules import CoreRules
 from kanal.pipeline.decode import decodes_request, decodes_response
 from kanal.pipeline.dispatch import CloseConnection, Dispatcher, PartitionFailure, merge_partition_errors
 from kanal.protocol.api import ApiKey, api_name, request_class, response_class
+from kanal.protocol.error_responses import error_response
 from kanal.protocol.framing import FrameReader, FrameTooLarge, InvalidFrame
 from kanal.protocol.headers import (
     InvalidHeader,
     RequestHeader,
     parse_request_header,
     produce_acks,
-    response_correlation_id,
-    set_request_correlation_id,
     set_response_correlation_id,
 )
 from kanal.protocol.messages import (
@@ -45,13 +45,24 @@ from kanal.protocol.messages import (
 )
 from kanal.protocol.rewrite import carries_addresses
 from kanal.protocol.scan import NEUTRAL_TAG, ResponseScan, has_node_endpoints, node_endpoints_entry, scans
+from kanal.protocol.session import ClientSession, Slot, stream_response
+from kanal.protocol.validate import MalformedRequest, RequestScan, validate_request
+from kanal.protocol.waits import requested_wait_ms
 
 if TYPE_CHECKING:
     from kanal.api.services import KafkaClient, TopicNames
     from kanal.config.settings import Settings
     from kanal.metrics import GatewayMetrics
+    from kanal.net.upstream_pool import UpstreamPool
 
 log = logging.getLogger(__name__)
+
+# Requests a broker may hold for long (long polls, group joins): never on a shared link, where
+# they would hold every other client's requests behind them.
+WAITING_APIS = frozenset({ApiKey.FETCH, ApiKey.JOIN_GROUP, ApiKey.SYNC_GROUP})
+# A client that authenticates to the broker itself must have a broker connection of its own.
+_SASL_APIS = frozenset({ApiKey.SASL_HANDSHAKE, ApiKey.SASL_AUTHENTICATE})
+_STREAMED = object()  # the response went to the client while it arrived
 
 
 class FrameTap(Protocol):
@@ -83,58 +94,123 @@ class ConnectionHost(Protocol):
 
     def topic_id_name(self, topic_id: Any) -> str | None: ...
 
-    async def connect_upstream(self, node_id: int) -> KafkaChannel: ...
+    async def open_link(self, node_id: int, *, shared: bool) -> UpstreamLink:
+        """A new connection to the broker ``node_id`` (its reader task not started)."""
+        ...
+
+    def upstream_pool(self, node_id: int) -> UpstreamPool | None:
+        """The shared links to ``node_id``, or None when pooling is off."""
+        ...
 
 
-@dataclass(slots=True)
-class Pending:
-    """One expected response, in request order."""
+@dataclass(slots=True, eq=False)
+class Pending(Slot):
+    """One response owed to the client, and what answering it needs."""
 
+    conn: ClientConnection
     client_corr: int
     api_key: int
     api_version: int
     client_id: str | None
-    upstream_corr: int = -1
     local: bytearray | None = None
     decode: bool = False
-    request: Any = None
+    request: Any = None  # the decoded request as forwarded, when a hook decoded it
+    frame: bytearray | None = None  # the request as received, kept to answer it with an error
     failures: list[PartitionFailure] = field(default_factory=list)
     notes: Notes | None = None
     started: float = 0.0
     forwarded: float = 0.0
-    internal: _Internal | None = None  # a request a hook sent (ctx.send_request), not the client
+    dedicated: bool = True  # sent on the client's own link (may stream its response)
+
+    def __post_init__(self) -> None:
+        Slot.__init__(self)
+
+    # -- Waiter (kanal.net.upstream_link): the link's reader hands the response over ---------------
+
+    @property
+    def info(self) -> Connection:
+        return self.conn.info
+
+    def deliver(self, frame: bytearray) -> None:
+        self.conn.fill(self, frame)
+
+    def fail(self, error: ConnectionError) -> None:
+        self.conn.fill(self, error)
+
+    def can_stream(self, size: int) -> bool:
+        conn = self.conn
+        return (
+            stream_response(
+                size,
+                STREAM_FROM,
+                dedicated=self.dedicated,
+                decoded=self.decode or conn.gateway.tap is not None,
+                first=conn.session.is_first(self),
+            )
+            and not conn.writing
+        )
+
+    async def relay(self, source: trio.abc.ReceiveStream, size: int, head: bytearray) -> None:
+        await self.conn.relay_response(self, source, size, head)
 
 
 class _Internal:
     """The answer to a request an interceptor sent on the client's upstream connection."""
 
-    __slots__ = ("done", "error", "response")
+    __slots__ = ("api_key", "api_version", "done", "error", "info", "response")
 
-    def __init__(self) -> None:
+    def __init__(self, info: Connection, api_key: int, api_version: int) -> None:
+        self.info = info
+        self.api_key = api_key
+        self.api_version = api_version
         self.done = trio.Event()
         self.response: Any = None
-        self.error: BaseException | None = None
+        self.error: Exception | None = None
+
+    def deliver(self, frame: bytearray) -> None:
+        try:
+            self.response = decode_response(self.api_key, self.api_version, frame)
+        except Exception as exc:
+            self.error = exc
+        self.done.set()
+
+    def fail(self, error: ConnectionError) -> None:
+        self.error = error
+        self.done.set()
+
+    def can_stream(self, size: int) -> bool:
+        return False
+
+    async def relay(self, source: trio.abc.ReceiveStream, size: int, head: bytearray) -> None:
+        raise AssertionError("never streamed")
 
 
 class ClientConnection:
-    """Owns one client stream and its upstream channel."""
+    """Owns one client stream, its session, and its own upstream link if it has one."""
 
     def __init__(self, gateway: ConnectionHost, stream: trio.abc.Stream, info: Connection) -> None:
         self.gateway = gateway
         self.client = stream
         self.info = info
-        self.upstream: KafkaChannel | None = None
-        self._next_corr = 0
-        # Upstream correlation ids of acks=0 produces: Kafka never answers them, some brokers do.
-        self._unanswered: deque[int] = deque()
+        settings = gateway.settings
+        self.session: ClientSession[Pending] = ClientSession(settings.max_in_flight)
+        self.writing = False  # the writer holds responses it has not finished sending
+        self._own: UpstreamLink | None = None
+        self._pinned: UpstreamLink | None = None
+        self._pool = gateway.upstream_pool(info.node_id)
+        self._relays_identity = False
+        self._internal = 0  # interceptors' own requests in flight
+        self._reading = True
+        self._writer_lot = trio.lowlevel.ParkingLot()
+        self._reader_lot = trio.lowlevel.ParkingLot()
+        self._nursery: trio.Nursery | None = None
+        self._validate = settings.feature("validate_requests", True)
         self._chain_version = -1
         self._chain: ResolvedChain | None = None
         self._dispatcher: Dispatcher | None = None
-        self._in_flight = 0  # expected responses not yet answered (for the idle timeout)
-        self._requests: trio.MemorySendChannel[Pending] | None = None
         self._identity: tuple[str | None, tuple[str, ...], str | None] = (None, (), None)
         self._read_scope = trio.CancelScope()
-        self._reader = FrameReader(gateway.settings.max_frame_size)
+        self._reader = FrameReader(settings.max_frame_size)
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -149,14 +225,9 @@ class ClientConnection:
             "listener_address": info.listener_address,
         }
 
-    def _closing(self, exc: CloseConnection) -> None:
-        """Logs why an interceptor's doing closes this connection (with the hook's traceback)."""
-        log.warning(
-            "closing client %s: %s",
-            self.info.client_address,
-            exc,
-            exc_info=exc.__cause__ is not None,
-            extra=self._fields(),
+    def _closing(self, reason: object, level: int = logging.WARNING, exc_info: bool = False) -> None:
+        log.log(
+            level, "closing client %s: %s", self.info.client_address, reason, exc_info=exc_info, extra=self._fields()
         )
 
     def drain(self) -> None:
@@ -191,199 +262,120 @@ class ClientConnection:
         return self._dispatcher
 
     async def run(self) -> None:
-        gateway = self.gateway
-        try:
-            self.upstream = await gateway.connect_upstream(self.info.node_id)
-        except ConnectionError as exc:
-            log.warning(
-                "closing client %s: upstream unavailable: %s", self.info.client_address, exc, extra=self._fields()
-            )
-            gateway.metrics.upstream_error()
-            await self.client.aclose()
-            return
-        gateway.metrics.upstream_connections.inc()
-        send, receive = trio.open_memory_channel[Pending](gateway.settings.max_in_flight)
-        self._requests = send
         try:
             await self.dispatcher().opened(self.info)
             async with trio.open_nursery() as nursery:
-                nursery.start_soon(self._read_client, send, nursery.cancel_scope)
-                nursery.start_soon(self._write_client, receive, nursery.cancel_scope)
+                self._nursery = nursery
+                nursery.start_soon(self._read_client, nursery.cancel_scope)
+                nursery.start_soon(self._write_client, nursery.cancel_scope)
         finally:
             with trio.CancelScope(shield=True):
-                await self.client.aclose()
-                await self.upstream.aclose()
-                gateway.metrics.upstream_connections.dec()
+                await self.client.aclose()  # (its own link closed with the nursery)
                 try:
                     await self.dispatcher().closed(self.info)
                 except CloseConnection as exc:
                     log.warning("%s", exc, extra=self._fields())
 
-    async def _read_client(self, send: trio.MemorySendChannel[Pending], scope: trio.CancelScope) -> None:
-        async with send:
-            with self._read_scope:
-                try:
-                    idle = self.gateway.settings.idle_connection_timeout_ms / 1000 or math.inf
-                    while True:
-                        with trio.move_on_after(idle) as waiting:
-                            data = await self.client.receive_some(next_read_size(self._reader))
-                        if waiting.cancelled_caught:
-                            if self._in_flight or self._reader.peek_partial() is not None:
-                                continue  # waiting for the broker, or in the middle of a frame
-                            log.info(
-                                "closing idle client %s: no request for %d ms (GATEWAY_IDLE_CONNECTION_TIMEOUT_MS)",
-                                self.info.client_address,
-                                self.gateway.settings.idle_connection_timeout_ms,
-                                extra=self._fields(),
-                            )
-                            scope.cancel()
-                            return
-                        if not data:  # the client is gone: nothing waiting upstream can reach it
-                            scope.cancel()
-                            return
-                        for frame in self._reader.feed(data):
-                            if self.gateway.tap is not None:
-                                self.gateway.tap(self.info, "c2g", frame)
-                            await self._handle_request(frame, send)
-                        partial = self._reader.peek_partial()
-                        if partial is not None and partial[0] >= STREAM_FROM and len(partial[1]) >= _STREAM_HEAD:
-                            self._reader.take_partial()
-                            if self._may_stream(*partial):
-                                await self._handle_request(partial[1], send, partial[0])
-                                continue
-                            frame = await receive_rest(self.client, *partial)
-                            if self.gateway.tap is not None:
-                                self.gateway.tap(self.info, "c2g", frame)
-                            await self._handle_request(frame, send)
-                except (FrameTooLarge, InvalidFrame, InvalidHeader, ProtocolViolation) as exc:
-                    log.warning("closing client %s: %s", self.info.client_address, exc, extra=self._fields())
-                    scope.cancel()
-                except CloseConnection as exc:
-                    self._closing(exc)
-                    scope.cancel()
-                except (trio.BrokenResourceError, trio.ClosedResourceError):
-                    scope.cancel()
-                except Exception:
-                    log.exception(
-                        "closing client %s: request handling failed", self.info.client_address, extra=self._fields()
-                    )
-                    scope.cancel()
+    # -- the session -------------------------------------------------------------------------
 
-    async def _write_client(self, receive: trio.MemoryReceiveChannel[Pending], scope: trio.CancelScope) -> None:
-        assert self.upstream is not None
-        metrics = self.gateway.metrics
-        try:
-            async with receive:
-                async for pending in receive:
-                    try:
-                        await self._answer(pending, metrics)
-                    finally:
-                        self._in_flight -= 1
-        except PeerClosed:
-            log.info("upstream closed the connection of client %s", self.info.client_address, extra=self._fields())
-            metrics.upstream_error()
-            scope.cancel()
-        except (ProtocolViolation, FrameTooLarge, InvalidFrame) as exc:
-            log.warning("closing client %s: %s", self.info.client_address, exc, extra=self._fields())
-            scope.cancel()
-        except CloseConnection as exc:
-            self._closing(exc)
-            scope.cancel()
-        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
-            scope.cancel()
-        except Exception:
-            log.exception("closing client %s: response handling failed", self.info.client_address, extra=self._fields())
-            scope.cancel()
+    def fill(self, pending: Pending, response: object) -> None:
+        """A response for ``pending`` is there (a frame, an error, or streamed): the writer may go."""
+        self.session.fill(pending, response)
+        self._writer_lot.unpark_all()
 
-    async def _answer(self, pending: Pending, metrics: GatewayMetrics) -> None:
-        """Answers one expected response: a request of an interceptor's, a local answer, or the
-        upstream's (cut through while it arrives when nothing needs it decoded)."""
-        if pending.internal is not None:
-            await self._answer_internal(pending)
-            return
-        if pending.local is not None:
-            out = pending.local
-        else:
-            streamable = not pending.decode and self.gateway.tap is None
-            head = await self._upstream_response(pending.upstream_corr, streamable)
-            if metrics.lifecycle is not None:
-                metrics.stage("upstream", pending.api_key, "", time.perf_counter() - pending.forwarded)
-            if isinstance(head, tuple):  # a large response still arriving: cut through
-                await self._relay_response(pending, *head)
-                metrics.streamed_response(pending.api_key)
-                metrics.response(pending.api_key, head[0], time.perf_counter() - pending.started)
-                return
-            out = await self._process_response(pending, head)
-            set_response_correlation_id(out, pending.client_corr)
-        if self.gateway.tap is not None:
-            self.gateway.tap(self.info, "g2c", out)
-        await _send_frame(self.client, out)
-        metrics.response(pending.api_key, len(out), time.perf_counter() - pending.started)
+    async def _owe(self, pending: Pending) -> Pending:
+        """Takes a slot for ``pending``, waiting while the client has too many responses owed."""
+        while self.session.full:
+            await self._reader_lot.park()
+        return self.session.owe(pending)
 
-    async def _upstream_response(self, expected: int, streamable: bool = False) -> bytearray | tuple[int, bytearray]:
-        """The upstream frame answering ``expected``, skipping answers to acks=0 produces. When
-        ``streamable``, a frame still arriving comes back as ``(size, first bytes)`` for cut-through."""
-        assert self.upstream is not None
-        unanswered = self._unanswered
-        while True:
-            head = await (self.upstream.receive_head() if streamable else self.upstream.receive_frame())
-            first = head[1] if isinstance(head, tuple) else head
-            if not isinstance(head, tuple) and self.gateway.tap is not None:
-                self.gateway.tap(self.info, "u2g", head)
-            corr = response_correlation_id(first)
-            if corr == expected:
-                while unanswered and _sent_before(unanswered[0], expected):
-                    unanswered.popleft()  # never answered, as Kafka specifies
-                return head
-            if unanswered and corr == unanswered[0]:
-                unanswered.popleft()
-                if isinstance(head, tuple):
-                    await relay(self.upstream.stream, _Discard(), head[0], head[1])
-                continue
-            raise ProtocolViolation(f"upstream answered correlation id {corr}, expected {expected}")
+    async def _link(self, api_key: int) -> UpstreamLink:
+        """The link a request goes on: the client's pool link unless the request may wait at the
+        broker or the client authenticates to the broker itself; else its own, opened on need."""
+        if self._pool is not None and not self._relays_identity and api_key not in WAITING_APIS:
+            link = self._pinned
+            if link is None or link.closed:
+                link = self._pinned = await self._pool.link()
+            return link
+        link = self._own
+        if link is None or link.closed:
+            assert self._nursery is not None
+            link = self._own = await self.gateway.open_link(self.info.node_id, shared=False)
+            self._nursery.start_soon(link.run)
+        return link
 
-    async def _relay_response(self, pending: Pending, size: int, head: bytearray) -> None:
-        """Forwards a response while it arrives. Produce and Fetch responses that may carry KIP-951
-        leader hints are scanned on the way, and their last part (where the hints would be) is
-        kept back until it is whole."""
-        assert self.upstream is not None
-        set_response_correlation_id(head, pending.client_corr)
-        api_key, version = pending.api_key, pending.api_version
-        if not scans(api_key, version):
-            await relay(self.upstream.stream, self.client, size, head)
-            return
+    def _uses_own_link(self, api_key: int) -> bool:
+        return self._pool is None or self._relays_identity or api_key in WAITING_APIS
 
-        def finish(tail: bytearray) -> bytearray:
+    # -- reading requests ----------------------------------------------------------------------
+
+    async def _read_client(self, scope: trio.CancelScope) -> None:
+        with self._read_scope:
             try:
-                where = node_endpoints_entry(tail)
-            except (IndexError, ValueError) as exc:
-                raise ProtocolViolation(f"malformed {api_name(api_key)} response from upstream: {exc}") from exc
-            if where is not None:
-                # Too late to rewrite (the length went out first): hide the hints under a tag no
-                # client knows; clients skip it and ask the gateway for Metadata instead.
-                tail[where] = NEUTRAL_TAG
-                log.info(
-                    "dropped KIP-951 leader hints from a streamed %s response", api_name(api_key), extra=self._fields()
+                idle = self.gateway.settings.idle_connection_timeout_ms / 1000 or math.inf
+                while True:
+                    with trio.move_on_after(idle) as waiting:
+                        data = await self.client.receive_some(next_read_size(self._reader))
+                    if waiting.cancelled_caught:
+                        if self.session.owed or self._internal or self._reader.peek_partial() is not None:
+                            continue  # waiting for the broker, or in the middle of a frame
+                        self._closing(
+                            f"no request for {self.gateway.settings.idle_connection_timeout_ms} ms"
+                            " (GATEWAY_IDLE_CONNECTION_TIMEOUT_MS)",
+                            logging.INFO,
+                        )
+                        scope.cancel()
+                        return
+                    if not data:  # the client is gone: nothing waiting upstream can reach it
+                        scope.cancel()
+                        return
+                    for frame in self._reader.feed(data):
+                        if self.gateway.tap is not None:
+                            self.gateway.tap(self.info, "c2g", frame)
+                        await self._handle_request(frame)
+                    partial = self._reader.peek_partial()
+                    if partial is not None and partial[0] >= STREAM_FROM and len(partial[1]) >= _STREAM_HEAD:
+                        self._reader.take_partial()
+                        if self._may_stream(*partial):
+                            await self._handle_request(partial[1], partial[0])
+                            continue
+                        frame = await receive_rest(self.client, *partial)
+                        if self.gateway.tap is not None:
+                            self.gateway.tap(self.info, "c2g", frame)
+                        await self._handle_request(frame)
+            except (FrameTooLarge, InvalidFrame, InvalidHeader, ProtocolViolation) as exc:
+                self._closing(exc)
+                scope.cancel()
+            except MalformedRequest as exc:  # found in a request forwarded while it arrived
+                self._closing(f"malformed request: {exc}")
+                scope.cancel()
+            except CloseConnection as exc:
+                self._closing(exc, exc_info=exc.__cause__ is not None)
+                scope.cancel()
+            except (ConnectionError, OSError) as exc:  # the upstream is unreachable (counted when opened)
+                self._closing(f"upstream unavailable: {exc}")
+                scope.cancel()
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                scope.cancel()
+            except Exception:
+                log.exception(
+                    "closing client %s: request handling failed", self.info.client_address, extra=self._fields()
                 )
-            return tail
-
-        await relay(self.upstream.stream, self.client, size, head, ResponseScan(api_key, version), finish)
-
-    # -- requests ----------------------------------------------------------------------------
-
-    def _upstream_corr(self) -> int:
-        self._next_corr = (self._next_corr + 1) & 0x7FFFFFFF
-        return self._next_corr
+                scope.cancel()
+        self._reading = False
+        self._writer_lot.unpark_all()
 
     def _may_stream(self, size: int, head: bytearray) -> bool:
-        """A large request (its header in) that no hook needs is forwarded while it arrives."""
+        """A large request (its header in) that no hook needs is forwarded while it arrives, on
+        the client's own link (on a shared one a slow client would stall the others)."""
         if self.gateway.tap is not None:
             return False
-        return not decodes_request(self.chain(), parse_request_header(head), head, self.gateway.topic_id_name)
+        header = parse_request_header(head)
+        if not self._uses_own_link(header.api_key):
+            return False
+        return not decodes_request(self.chain(), header, head, self.gateway.topic_id_name)
 
-    async def _handle_request(
-        self, frame: bytearray, send: trio.MemorySendChannel[Pending], streamed_size: int | None = None
-    ) -> None:
+    async def _handle_request(self, frame: bytearray, streamed_size: int | None = None) -> None:
         """Handles one request. With ``streamed_size``, ``frame`` is only the start of a large frame
         still arriving, which is forwarded while it arrives (only for requests no hook decodes)."""
         header = parse_request_header(frame)
@@ -392,56 +384,51 @@ class ClientConnection:
             # The gateway never offers such a version (ApiVersions is answered by the broker
             # even for versions it does not know, as clients rely on that to negotiate).
             raise ProtocolViolation(f"unsupported request: api key {api_key} version {version}")
+        if self._validate and streamed_size is None:
+            self._check(frame, header)
         started = time.perf_counter()
         self.info.client_id = header.client_id
         self.gateway.metrics.request(api_key, len(frame) if streamed_size is None else streamed_size)
         chain = self.chain()
-        if streamed_size is None and decodes_request(
-            chain, header, frame, self.gateway.topic_id_name
-        ):  # (streamed: no hook needs it)
-            await self._intercept_request(frame, header, chain, send, started)
+        if streamed_size is None and decodes_request(chain, header, frame, self.gateway.topic_id_name):
+            await self._intercept_request(frame, header, chain, started)
             return
-        expects = api_key != ApiKey.PRODUCE or produce_acks(frame, header) != 0
-        upstream_corr = self._upstream_corr()
-        set_request_correlation_id(frame, upstream_corr)
-        if expects:
-            self._in_flight += 1
-            await send.send(
+        if api_key in _SASL_APIS:
+            self._relays_identity = True
+        link = await self._link(api_key)
+        pending = None
+        if api_key != ApiKey.PRODUCE or produce_acks(frame, header) != 0:
+            pending = await self._owe(
                 Pending(
+                    self,
                     header.correlation_id,
                     api_key,
                     version,
                     header.client_id,
-                    upstream_corr,
                     decode=decodes_response(chain, api_key),
+                    frame=frame if streamed_size is None else None,
                     started=started,
                     forwarded=time.perf_counter(),
+                    dedicated=not link.shared,
                 )
             )
-        else:
-            self._unanswered.append(upstream_corr)
+        wait_ms = requested_wait_ms(frame, header) if pending is not None else 0
         if streamed_size is None:
-            await self._send_upstream(frame)
+            await link.send(frame, pending, wait_ms, self.info)
         else:
-            assert self.upstream is not None
-            await relay(self.client, self.upstream.stream, streamed_size, frame)
+            check = RequestScan(header, streamed_size) if self._validate else None
+            await link.send_streamed(self.client, streamed_size, frame, pending, wait_ms, check)
             self.gateway.metrics.streamed_request(api_key)
 
-    async def _send_upstream(self, frame: bytearray) -> None:
-        assert self.upstream is not None
-        if self.gateway.tap is not None:
-            self.gateway.tap(self.info, "g2u", frame)
-        await self.upstream.send_frame(frame)
+    def _check(self, frame: bytearray, header: RequestHeader) -> None:
+        """The protocol firewall (GATEWAY_FEATURE_FLAGS_VALIDATE_REQUESTS)."""
+        reason = validate_request(frame, header)
+        if reason is not None:
+            raise ProtocolViolation(f"malformed request: {reason}")
 
     async def _intercept_request(
-        self,
-        frame: bytearray,
-        header: RequestHeader,
-        chain: ResolvedChain,
-        send: trio.MemorySendChannel[Pending],
-        started: float,
+        self, frame: bytearray, header: RequestHeader, chain: ResolvedChain, started: float
     ) -> None:
-        assert self.upstream is not None
         api_key, version = header.api_key, header.api_version
         original = decode_request_body(api_key, version, frame, header.body_offset)
         ctx = RequestContext(
@@ -458,49 +445,45 @@ class ClientConnection:
         outcome = await self.dispatcher().request(ctx, expects)
         expects = api_key != ApiKey.PRODUCE or ctx.request.acks != 0
         pending = Pending(
+            self,
             header.correlation_id,
             api_key,
             version,
             header.client_id,
             started=started,
-            decode=outcome.response_wanted or decodes_response(chain, api_key),
+            decode=outcome.response_wanted or decodes_response(chain, api_key) or bool(outcome.failures),
             failures=outcome.failures,
             notes=outcome.notes,
         )
         if outcome.request is None:  # answered by an interceptor
             if expects and outcome.answer is not None:
                 pending.local = encode_response(outcome.answer, header.correlation_id)
-                self._in_flight += 1
-                await send.send(pending)
+                self.fill(await self._owe(pending), pending.local)
             return
-        pending.upstream_corr = self._upstream_corr()
+        if api_key in _SASL_APIS:
+            self._relays_identity = True
+        link = await self._link(api_key)
         pending.request = outcome.request
-        pending.forwarded = time.perf_counter()
-        if outcome.request is original:
-            set_request_correlation_id(frame, pending.upstream_corr)
-            out = frame
-        else:
-            out = encode_request(outcome.request, pending.upstream_corr, header.client_id)
-        if pending.failures:
-            pending.decode = True
+        pending.dedicated = not link.shared
+        out = frame if outcome.request is original else encode_request(outcome.request, 0, header.client_id)
         if expects:
-            self._in_flight += 1
-            await send.send(pending)
-        else:
-            self._unanswered.append(pending.upstream_corr)
-        await self._send_upstream(out)
+            await self._owe(pending)
+        pending.forwarded = time.perf_counter()
+        wait_ms = requested_wait_ms(out, parse_request_header(out)) if expects else 0
+        await link.send(out, pending if expects else None, wait_ms, self.info)
 
     async def _send_own_request(self, request: Any) -> Any:
-        """``RequestContext.send_request``: an interceptor's request on this client's upstream
-        connection, answered in turn by the writer (a broker answers a connection in order)."""
-        assert self._requests is not None
+        """``RequestContext.send_request``: an interceptor's request on this client's upstream link."""
         api_key, version = int(request.__api_key__), int(request.__version__)
-        internal = _Internal()
-        pending = Pending(-1, api_key, version, None, self._upstream_corr(), internal=internal)
-        self._in_flight += 1
-        await self._requests.send(pending)
-        await self._send_upstream(encode_request(request, pending.upstream_corr, "kanal-interceptor"))
-        await internal.done.wait()
+        internal = _Internal(self.info, api_key, version)
+        self._internal += 1
+        try:
+            link = await self._link(api_key)
+            await link.send(encode_request(request, 0, "kanal-interceptor"), internal, 0, self.info)
+            await internal.done.wait()
+        finally:
+            self._internal -= 1
+            self._writer_lot.unpark_all()
         if internal.error is not None:
             raise internal.error
         return internal.response
@@ -509,20 +492,128 @@ class ClientConnection:
         """``ResponseContext.send_request``: on the gateway's own connection to this client's broker."""
         return await self.gateway.kafka.call(request, node_id=self.info.node_id)
 
-    async def _answer_internal(self, pending: Pending) -> None:
-        internal = pending.internal
-        assert internal is not None
-        try:
-            frame = await self._upstream_response(pending.upstream_corr)
-            assert isinstance(frame, bytearray)
-            internal.response = decode_response(pending.api_key, pending.api_version, frame)
-        except BaseException as exc:
-            internal.error = exc if isinstance(exc, Exception) else ConnectionError("connection closed")
-            raise
-        finally:
-            internal.done.set()
+    # -- writing responses ---------------------------------------------------------------------
 
-    # -- responses ---------------------------------------------------------------------------
+    async def _write_client(self, scope: trio.CancelScope) -> None:
+        session = self.session
+        metrics = self.gateway.metrics
+        tap = self.gateway.tap
+        try:
+            while True:
+                ready = session.take_ready()
+                if not ready:
+                    if not self._reading and not session.owed and not self._internal:
+                        return  # drained
+                    await self._writer_lot.park()
+                    continue
+                self._reader_lot.unpark_all()
+                self.writing = True
+                out = bytearray()
+                for pending in ready:
+                    frame = await self._response(pending, metrics)
+                    if frame is None:
+                        continue
+                    if tap is not None:
+                        tap(self.info, "g2c", frame)
+                    if len(frame) >= _COPY_LIMIT:
+                        if out:
+                            await self.client.send_all(out)
+                            out = bytearray()
+                        await self.client.send_all(len(frame).to_bytes(4, "big"))
+                        await self.client.send_all(frame)
+                    else:
+                        out += len(frame).to_bytes(4, "big")
+                        out += frame
+                    metrics.response(pending.api_key, len(frame), time.perf_counter() - pending.started)
+                if out:
+                    await self.client.send_all(out)
+                self.writing = False
+        except UpstreamClosed as exc:
+            self._closing(exc, logging.INFO)
+            metrics.upstream_error()
+        except (ProtocolViolation, FrameTooLarge, InvalidFrame) as exc:
+            self._closing(exc)
+        except CloseConnection as exc:
+            self._closing(exc, exc_info=exc.__cause__ is not None)
+        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+            pass
+        except Exception:
+            log.exception("closing client %s: response handling failed", self.info.client_address, extra=self._fields())
+        finally:
+            scope.cancel()
+
+    async def _response(self, pending: Pending, metrics: GatewayMetrics) -> bytearray | None:
+        """The frame answering ``pending`` (None when it was streamed)."""
+        response = pending.response
+        if response is _STREAMED:
+            return None
+        if isinstance(response, ConnectionError):
+            if isinstance(response, UpstreamTimeout):
+                return self._timed_out(pending, response)
+            raise response
+        assert isinstance(response, bytearray)
+        if pending.local is not None:
+            return response
+        if metrics.lifecycle is not None:
+            metrics.stage("upstream", pending.api_key, "", time.perf_counter() - pending.forwarded)
+        out = await self._process_response(pending, response)
+        set_response_correlation_id(out, pending.client_corr)
+        return out
+
+    def _timed_out(self, pending: Pending, error: UpstreamTimeout) -> bytearray:
+        """A retriable error where the client's library looks for one (REQUEST_TIMED_OUT)."""
+        request = pending.request
+        if request is None and pending.frame is not None:
+            request = decode_request_body(
+                pending.api_key, pending.api_version, pending.frame, parse_request_header(pending.frame).body_offset
+            )
+        if request is None:  # a large request streamed through and not kept: only closing says it
+            raise UpstreamClosed(str(error))
+        body = error_response(pending.api_key, pending.api_version, request, _REQUEST_TIMED_OUT, str(error))
+        return encode_response(body, pending.client_corr)
+
+    async def relay_response(
+        self, pending: Pending, source: trio.abc.ReceiveStream, size: int, head: bytearray
+    ) -> None:
+        """Forwards a large response while it arrives (the link's reader calls it when
+        :meth:`Pending.can_stream`). Produce and Fetch responses that may carry KIP-951 leader
+        hints are scanned on the way, and their last part (where the hints would be) is kept back
+        until it is whole."""
+        set_response_correlation_id(head, pending.client_corr)
+        api_key, version = pending.api_key, pending.api_version
+        metrics = self.gateway.metrics
+        try:
+            if not scans(api_key, version):
+                await relay(source, self.client, size, head)
+            else:
+
+                def finish(tail: bytearray) -> bytearray:
+                    try:
+                        where = node_endpoints_entry(tail)
+                    except (IndexError, ValueError) as exc:
+                        raise ProtocolViolation(f"malformed {api_name(api_key)} response from upstream: {exc}") from exc
+                    if where is not None:
+                        # Too late to rewrite (the length went out first): hide the hints under a
+                        # tag no client knows; clients skip it and ask the gateway for Metadata.
+                        tail[where] = NEUTRAL_TAG
+                        log.info(
+                            "dropped KIP-951 leader hints from a streamed %s response",
+                            api_name(api_key),
+                            extra=self._fields(),
+                        )
+                    return tail
+
+                await relay(source, self.client, size, head, ResponseScan(api_key, version), finish)
+        except ProtocolViolation as exc:
+            self._closing(exc)
+            if self._nursery is not None:
+                self._nursery.cancel_scope.cancel()
+            raise UpstreamClosed(str(exc)) from exc
+        metrics.streamed_response(api_key)
+        metrics.response(api_key, size, time.perf_counter() - pending.started)
+        self.fill(pending, _STREAMED)
+
+    # -- processing responses ---------------------------------------------------------------------------
 
     async def _process_response(self, pending: Pending, frame: bytearray) -> bytearray:
         if not pending.decode:
@@ -564,30 +655,5 @@ class ClientConnection:
 
 
 _STREAM_HEAD = 1024  # once this much of them is in: enough for the header and Produce's acks
-
-
-class _Discard(trio.abc.SendStream):
-    """Where the answer to an acks=0 produce goes (some brokers send one)."""
-
-    async def send_all(self, data: bytes | bytearray | memoryview) -> None:
-        return None
-
-    async def wait_send_all_might_not_block(self) -> None:
-        return None
-
-    async def aclose(self) -> None:
-        return None
-
-
-def _sent_before(a: int, b: int) -> bool:
-    """Whether upstream correlation id ``a`` was sent before ``b`` (ids wrap at 2**31)."""
-    return a != b and ((b - a) & 0x7FFFFFFF) < 0x40000000
-
-
-async def _send_frame(stream: trio.abc.Stream, frame: bytearray) -> None:
-    size = len(frame).to_bytes(4, "big")
-    if len(frame) < 65536:
-        await stream.send_all(size + frame)
-    else:
-        await stream.send_all(size)
-        await stream.send_all(frame)
+_COPY_LIMIT = 64 * 1024  # larger responses are sent on their own, not copied into a batch of writes
+_REQUEST_TIMED_OUT = 7  # retriable: the client's library retries

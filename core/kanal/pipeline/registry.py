@@ -11,6 +11,7 @@ import pluggy
 
 from kanal.api.hookspecs import PROJECT, PluginHooks
 from kanal.api.interceptor import Interceptor
+from kanal.api.settings import SettingsFamily
 
 log = logging.getLogger(__name__)
 
@@ -72,9 +73,18 @@ class PluginRegistry:
             results.append((name, impl.function(**{arg: arguments[arg] for arg in impl.argnames})))
         return results
 
-    def declared_settings(self) -> list[str]:
-        """The ``GATEWAY_*`` names every plugin declares it reads (``kanal_settings``)."""
-        return [name for names in self.manager.hook.kanal_settings() for name in names or ()]
+    def declared_settings(self) -> list[str | SettingsFamily]:
+        """The ``GATEWAY_*`` names and families every plugin declares it reads (``kanal_settings``)."""
+        declared: list[str | SettingsFamily] = []
+        for impl in self.manager.hook.kanal_settings.get_hookimpls():
+            for item in cast(list[object] | None, impl.function()) or ():
+                if not isinstance(item, str | SettingsFamily):
+                    name = self.manager.get_name(impl.plugin)
+                    raise PluginError(
+                        f"plugin {name}: kanal_settings returned {item!r}, not a name or a SettingsFamily"
+                    )
+                declared.append(item)
+        return declared
 
     def interceptor_type(self, name: str) -> type[Interceptor] | None:
         """The type named ``name`` (its plugin_name, or ``module:Class``)."""

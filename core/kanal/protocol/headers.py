@@ -153,13 +153,26 @@ def produce_acks(frame: bytes | bytearray | memoryview, header: RequestHeader) -
     acks=0 means the broker sends no response, which the gateway must know to keep responses
     in order.
     """
+    pos = _produce_acks_offset(frame, header)
+    acks: int = _I16.unpack_from(frame, pos)[0]
+    return acks
+
+
+def produce_wait_offset(frame: bytes | bytearray | memoryview, header: RequestHeader) -> int:
+    """Where a Produce request's ``timeout_ms`` (how long the broker may wait for replicas) is."""
+    pos = _produce_acks_offset(frame, header) + 2
+    if pos + 4 > len(frame):
+        raise InvalidHeader("truncated Produce request")
+    return pos
+
+
+def _produce_acks_offset(frame: bytes | bytearray | memoryview, header: RequestHeader) -> int:
     pos = header.body_offset
     if header.api_version >= 3:  # transactional_id comes first
         pos = _string_span(frame, pos, header.header_version >= 2)[1]
     if pos + 2 > len(frame):
         raise InvalidHeader("truncated Produce request")
-    acks: int = _I16.unpack_from(frame, pos)[0]
-    return acks
+    return pos
 
 
 def produce_topics(frame: bytes | bytearray | memoryview, header: RequestHeader) -> list[str | uuid.UUID] | None:
