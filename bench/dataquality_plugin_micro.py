@@ -80,12 +80,13 @@ def batches_of(items: list[tuple[bytes, list[tuple[str, bytes]]]]) -> list[bytes
 
 def without_compiled_walk(plan: Plan) -> Plan:
     """The plan with its loop compiled as on an install without the C extension."""
-    compiled = scan_module.record_values, scan_module.record_spans
-    scan_module.record_values, scan_module.record_spans = python_record_values, python_record_spans
+    # The scanner reads these names from its module at compile time; swap them there for the call.
+    compiled = scan_module.record_values, scan_module.record_spans  # type: ignore[attr-defined]
+    scan_module.record_values, scan_module.record_spans = python_record_values, python_record_spans  # type: ignore[attr-defined]
     try:
         return dataclasses.replace(plan, scanner=compile_scanner(plan))
     finally:
-        scan_module.record_values, scan_module.record_spans = compiled
+        scan_module.record_values, scan_module.record_spans = compiled  # type: ignore[attr-defined]
 
 
 def median_us(fn: Callable[[], None], count: int, repeats: int) -> float:

@@ -210,7 +210,7 @@ def run(opts: argparse.Namespace) -> dict[str, Any]:
 
     workdir = Path(tempfile.mkdtemp(prefix="srp-bench-"))
     upstream = TestRegistry(mode="process").start()
-    proxy: subprocess.Popen[str] | None = None
+    proxy: subprocess.Popen[bytes] | None = None
     try:
         schema = {"type": "record", "name": "Order", "namespace": "bench", "fields": [{"name": "id", "type": "long"}]}
         request = urllib.request.Request(

@@ -9,6 +9,10 @@ fi
 .venv/bin/python -m pip install --quiet --upgrade pip
 .venv/bin/python -m pip install --quiet -e ".[${extras}]"
 if [ "$extras" = "test" ]; then
+    # socat: the L4 relay the request-rate benchmark (and its smoke test) compares the gateway with.
+    if ! command -v socat >/dev/null; then
+        apt-get install -y -qq socat >/dev/null 2>&1 || { apt-get update -qq && apt-get install -y -qq socat >/dev/null; }
+    fi
     .venv/bin/python -m pip install --quiet -e "plugins-contrib/kanal-header-injection[test]"
     .venv/bin/python -m pip install --quiet -e "plugins-contrib/kanal-topic-quota[test]"
 fi

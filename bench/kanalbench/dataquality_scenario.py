@@ -27,11 +27,12 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+from kanalbench.cpu import children_cpu_seconds, cpu_seconds
 from kanalbench.measure import MB, Options, log, stack_for
 from kanalbench.report import Report
 from kanalbench.runs import create_topic, delete_topic, run_worker
 from kanalbench.scenarios import scenario
-from kanalbench.stack import Stack, children_cpu_seconds, cpu_seconds
+from kanalbench.stack import Stack
 
 USER, PASSWORD = "bench", "bench-password"
 POLICY = "bench-quality"

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kanalbench.cpu import cpu_seconds
 from kanalbench.report import Report
 from kanalbench.runs import (
     PATHS,
@@ -26,7 +27,7 @@ from kanalbench.runs import (
     worker_argv,
     worker_env,
 )
-from kanalbench.stack import Stack, cpu_seconds, open_fds, proc_status
+from kanalbench.stack import Stack, open_fds, proc_status
 
 MB = 1_000_000
 

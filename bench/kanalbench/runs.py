@@ -40,10 +40,10 @@ def run_worker(job: str, timeout: float = 600.0, **args: Any) -> dict[str, Any]:
     return result
 
 
-def order(repeats: int) -> Iterator[tuple[int, str]]:
-    """(repeat, path) in ABAB order: direct, gateway, direct, gateway, ..."""
+def order(repeats: int, paths: tuple[str, ...] = PATHS) -> Iterator[tuple[int, str]]:
+    """(repeat, path) in ABAB order: direct, gateway, direct, gateway, ... (ABCABC for three paths)."""
     for i in range(repeats):
-        for path in PATHS:
+        for path in paths:
             yield i, path
 
 
@@ -53,7 +53,7 @@ def new_topic_name(prefix: str) -> str:
 
 def create_topic(bootstrap: str, partitions: int = 1, prefix: str = "run") -> str:
     """A fresh topic (created on the broker directly, so the gateway is not measured creating it)."""
-    from confluent_kafka.admin import AdminClient, NewTopic
+    from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 
     name = new_topic_name(prefix)
     admin = AdminClient({"bootstrap.servers": bootstrap, "log_level": 4})

@@ -38,30 +38,6 @@ def open_fds(pid: int) -> int:
     return len(os.listdir(f"/proc/{pid}/fd"))
 
 
-def _stat(pid: int | str) -> list[str]:
-    """The fields of ``/proc/PID/stat`` after the command name (state, parent pid, ...)."""
-    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-
-
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU time a process used so far."""
-    fields = _stat(pid)
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def children_cpu_seconds(pid: int) -> float:
-    """User + system CPU time the child processes of ``pid`` (a gateway's helper processes) used so far."""
-    total = 0.0
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                if int(_stat(entry.name)[1]) == pid:
-                    total += cpu_seconds(int(entry.name))
-            except OSError:  # it exited meanwhile
-                continue
-    return total
-
-
 class Stack:
     """A broker and a gateway (configured by ``config``, a YAML file, and ``env``)."""
 
@@ -121,7 +97,7 @@ class Stack:
     def check_alive(self) -> None:
         for name, proc in (("broker", self.broker), ("gateway", self.gateway)):
             if proc is None or not proc.running:
-                tail = proc.tail() if proc is not None else ""
+                tail = "\n".join(proc.output.splitlines()[-60:]) if proc is not None else ""
                 raise RuntimeError(f"{name} is not running:\n{tail}")
 
     def stop(self) -> None:

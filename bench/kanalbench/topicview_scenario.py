@@ -26,11 +26,12 @@ import json
 import urllib.request
 from typing import Any
 
+from kanalbench.cpu import children_cpu_seconds, cpu_seconds
 from kanalbench.measure import MB, Options, log, stack_for
 from kanalbench.report import Report
 from kanalbench.runs import create_topic, run_worker
 from kanalbench.scenarios import scenario
-from kanalbench.stack import Stack, children_cpu_seconds, cpu_seconds
+from kanalbench.stack import Stack
 from kanalbench.worker import DISTINCT_VALUES, values
 
 VIEW = "bench-view"
@@ -44,7 +45,9 @@ ENV = {
 
 def _kept(size: int, payload: str, records: int) -> int:
     """How many of the produced records the view keeps (the same condition, in Python)."""
-    keep = [v["amount"] >= 500 and v["name"] != "user-7" for v in (json.loads(raw) for raw in values(size, payload))]
+    keep: list[bool] = [
+        v["amount"] >= 500 and v["name"] != "user-7" for v in (json.loads(raw) for raw in values(size, payload))
+    ]
     full, rest = divmod(records, DISTINCT_VALUES)
     return full * sum(keep) + sum(keep[:rest])
 

@@ -5,7 +5,8 @@ the same code runs against the broker and against the gateway, only ``bootstrap`
 
 - ``produce``: send ``records`` records of ``size`` bytes as fast as the client can (acks=1, batching).
 - ``consume``: read the topic from the beginning until ``records`` records arrived (assign, no group).
-- ``latency``: send at a fixed ``rate`` with a small linger.ms (1) and record each record's send-to-ack time.
+- ``latency``: send at a fixed ``rate`` with a small linger.ms (1) and record each record's send-to-ack time;
+  given ``pids``, also the CPU those processes used meanwhile and the Produce requests sent (request-rate).
 - ``idle``: open ``count`` TCP connections, send ApiVersions on each, read the answers, hold them until
   stdin closes (the driver reads the gateway's memory meanwhile).
 """
@@ -19,7 +20,10 @@ import struct
 import sys
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
+
+from kanalbench.cpu import machine_idle_seconds, tree_cpu_seconds
 
 DISTINCT_VALUES = 1024
 
@@ -152,13 +156,26 @@ def latency(
     warmup: float = 1.0,
     payload: str = "bytes",
     linger_ms: float = 1.0,
+    pids: dict[str, int] | None = None,
 ) -> dict[str, Any]:
     """Fixed-rate producer; latency = librdkafka's produce()-to-ack time of each record, read in its
-    delivery callback, which a dedicated thread serves as soon as the ack arrives."""
+    delivery callback, which a dedicated thread serves as soon as the ack arrives.
+
+    With ``pids`` (name: pid of a process on the path), the CPU each process tree used from the first
+    record sent (warm-up included) to the last one acknowledged, and the number of Produce requests
+    librdkafka sent meanwhile (its statistics), so that CPU per request is exact even if a slow path
+    makes librdkafka put several records in one request; also this client's CPU and the whole
+    machine's, to tell how busy other processes kept the cores."""
     from confluent_kafka import Producer
 
-    producer = Producer(producer_config(bootstrap, **{"linger.ms": linger_ms, "delivery.report.only.error": False}))
+    stats: list[dict[str, Any]] = []
+    extra: dict[str, Any] = {"linger.ms": linger_ms, "delivery.report.only.error": False}
+    if pids:
+        extra.update({"statistics.interval.ms": 100, "stats_cb": lambda text: stats.append(json.loads(text))})
+    producer = Producer(producer_config(bootstrap, **extra))
     producer.list_topics(topic, timeout=10)
+    cpu_start = {name: tree_cpu_seconds(pid) for name, pid in (pids or {}).items()}
+    window_start, client_start, idle_start = time.perf_counter(), time.process_time(), machine_idle_seconds()
     measured: list[float] = []
     errors: list[str] = []
 
@@ -197,6 +214,10 @@ def latency(
         producer.produce(topic, vals[i & mask], on_delivery=on_warm if i < warm_n else on_measured)
     measure_end = time.perf_counter()
     producer.flush(30)
+    cpu = {name: tree_cpu_seconds(pid) - cpu_start[name] for name, pid in (pids or {}).items()}
+    window = time.perf_counter() - window_start
+    client, idle = time.process_time() - client_start, machine_idle_seconds() - idle_start
+    requests = _produce_requests(stats, time.perf_counter() + 5.0) if pids else 0
     stop.set()
     poller.join()
     producer.poll(0)
@@ -212,7 +233,24 @@ def latency(
         "p999_ms": percentile(lat, 99.9),
         "max_ms": lat[-1] if lat else float("nan"),
         "mean_ms": sum(lat) / len(lat) if lat else float("nan"),
+        "records_total": total,
+        "produce_requests": requests,
+        "cpu": cpu,
+        "window_s": window,
+        "client_cpu": client,  # every thread of this client, librdkafka's included
+        "machine_busy_cpu": window * (os.cpu_count() or 1) - idle,  # every process on the machine
     }
+
+
+def _produce_requests(stats: list[dict[str, Any]], deadline: float) -> int:
+    """Produce requests sent to the brokers, from a statistics report emitted after the last ack
+    (the poller thread appends one every 100 ms)."""
+    seen = len(stats)
+    while len(stats) <= seen + 1 and time.perf_counter() < deadline:  # the next one may be half made
+        time.sleep(0.02)
+    if len(stats) <= seen:
+        raise RuntimeError("librdkafka emitted no statistics after the last ack")
+    return sum(int(b.get("req", {}).get("Produce", 0)) for b in stats[-1]["brokers"].values())
 
 
 def api_versions_request(correlation_id: int, client_id: bytes = b"kanalbench") -> bytes:
@@ -281,7 +319,12 @@ def idle(bootstrap: str, count: int, timeout: float = 30.0) -> dict[str, Any]:
     return {"connections": len(sockets), "answered": answered, "open_seconds": opened, "alive_at_end": alive}
 
 
-JOBS = {"produce": produce, "consume": consume, "latency": latency, "idle": idle}
+JOBS: dict[str, Callable[..., dict[str, Any]]] = {
+    "produce": produce,
+    "consume": consume,
+    "latency": latency,
+    "idle": idle,
+}
 
 
 def main(argv: list[str]) -> int:

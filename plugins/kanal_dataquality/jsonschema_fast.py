@@ -318,8 +318,9 @@ class _Gen:
 def _exact(n: Any) -> bool:
     """Whether jsonschema-rs compares any JSON number with ``n`` exactly, as Python does.
 
-    It does not beyond 2**53 (an int bound against a float value, and the reverse, go through f64 or
-    64-bit integers): such bounds get no check.
+    Releases up to 0.60 did not beyond 2**53 (an int bound against a float value, and the reverse,
+    went through f64 or 64-bit integers); the dependency range admits them, so such bounds get no
+    check and the engine decides.
     """
     return isinstance(n, int | float) and not isinstance(n, bool) and -_EXACT < n < _EXACT
 

@@ -53,3 +53,40 @@ def test_throughput_smoke_prints_ratios(tmp_path: Path) -> None:
         metric = metrics[key]
         assert len(metric["direct"]) == len(metric["gateway"]) == 2
         assert metric["ratio"] is not None and metric["ratio"] > 0
+
+
+def test_request_rate_smoke_reports_three_paths(tmp_path: Path) -> None:
+    out = tmp_path / "bench.json"
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(RUN),
+            "request-rate",
+            "--rate",
+            "200",
+            "--seconds",
+            "1",
+            "--repeats",
+            "1",
+            "--no-warmup",
+            "--json",
+            str(out),
+            "--log-dir",
+            str(tmp_path / "logs"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "ratio g/r" in proc.stdout
+
+    (report,) = json.loads(out.read_text())["reports"]
+    metrics = {m["name"]: m for m in report["metrics"]}
+    for name in ("latency p99", "achieved rate", "records per Produce request", "broker CPU/request"):
+        assert len(metrics[name]["direct"]) == len(metrics[name]["relay"]) == len(metrics[name]["gateway"]) == 1
+    assert metrics["records per Produce request"]["gateway"][0] >= 1.0  # every record was sent in some request
+    proxy = metrics["proxy CPU/request (socat or Kanal)"]
+    assert proxy["direct"] == [] and len(proxy["relay"]) == len(proxy["gateway"]) == 1
+    assert "gateway_relay_ratio" in proxy  # gateway CPU per request / socat CPU per request

@@ -9,6 +9,7 @@ from typing import Any
 
 import trio
 
+from kanal.net.fastio import FastStream
 from kanal.net.forward import RELAY_READ_SIZE, PeerClosed, forward
 from kanal.protocol.framing import FrameReader, InvalidFrame
 from kanal.protocol.headers import response_correlation_id
@@ -52,20 +53,21 @@ class KafkaChannel:
     """Sends and receives length-prefixed frames on one stream. Not shared between tasks
     for the same direction."""
 
-    __slots__ = ("_frames", "_reader", "stream")
+    __slots__ = ("_frames", "_io", "_reader", "stream")
 
     def __init__(self, stream: trio.abc.Stream, max_frame_size: int) -> None:
         self.stream = stream
+        self._io = FastStream(stream)
         self._reader = FrameReader(max_frame_size)
         self._frames: deque[bytearray] = deque()
 
     async def send_frame(self, frame: bytes | bytearray) -> None:
         """Sends one frame (without prefix); small frames in one write, large ones without a copy."""
         if len(frame) < _SMALL:
-            await self.stream.send_all(_LEN.pack(len(frame)) + frame)
+            await self._io.send_all(_LEN.pack(len(frame)) + frame)
         else:
-            await self.stream.send_all(_LEN.pack(len(frame)))
-            await self.stream.send_all(frame)
+            await self._io.send_all(_LEN.pack(len(frame)))
+            await self._io.send_all(frame)
 
     async def receive_frame(self) -> bytearray:
         """The next whole frame; raises PeerClosed at end of stream."""
@@ -75,7 +77,7 @@ class KafkaChannel:
             if partial is not None and partial[0] >= STREAM_FROM:
                 self._reader.take_partial()
                 return await receive_rest(self.stream, *partial)
-            data = await self.stream.receive_some(READ_SIZE)
+            data = await self._io.receive_some(READ_SIZE)
             if not data:
                 raise PeerClosed("connection closed by peer")
             frames.extend(self._reader.feed(data))
@@ -90,7 +92,7 @@ class KafkaChannel:
             if partial is not None and partial[0] >= STREAM_FROM:
                 self._reader.take_partial()
                 return partial
-            data = await self.stream.receive_some(next_read_size(self._reader))
+            data = await self._io.receive_some(next_read_size(self._reader))
             if not data:
                 raise PeerClosed("connection closed by peer")
             frames.extend(self._reader.feed(data))

@@ -13,7 +13,6 @@ reading from that client.
 from __future__ import annotations
 
 import logging
-import math
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
@@ -22,6 +21,7 @@ import trio
 
 from kanal.api.context import Connection, Notes, RequestContext, ResponseContext
 from kanal.net.channel import STREAM_FROM, next_read_size, receive_rest, relay
+from kanal.net.fastio import FastStream
 from kanal.net.upstream_link import UpstreamClosed, UpstreamLink, UpstreamTimeout
 from kanal.pipeline.chain import Pipeline, ResolvedChain
 from kanal.pipeline.core_rules import CoreRules
@@ -132,7 +132,7 @@ class Pending(Slot):
         return self.conn.info
 
     def deliver(self, frame: bytearray) -> None:
-        self.conn.fill(self, frame)
+        self.conn.deliver(self, frame)
 
     def fail(self, error: ConnectionError) -> None:
         self.conn.fill(self, error)
@@ -191,7 +191,10 @@ class ClientConnection:
     def __init__(self, gateway: ConnectionHost, stream: trio.abc.Stream, info: Connection) -> None:
         self.gateway = gateway
         self.client = stream
+        self._io = FastStream(stream)
         self.info = info
+        self._last_read = 0.0
+        self._unsent: memoryview | None = None  # the rest of a response a link's reader began sending
         settings = gateway.settings
         self.session: ClientSession[Pending] = ClientSession(settings.max_in_flight)
         self.writing = False  # the writer holds responses it has not finished sending
@@ -266,8 +269,10 @@ class ClientConnection:
             await self.dispatcher().opened(self.info)
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
+                self._last_read = trio.current_time()
                 nursery.start_soon(self._read_client, nursery.cancel_scope)
                 nursery.start_soon(self._write_client, nursery.cancel_scope)
+                nursery.start_soon(self._watch_idle, nursery.cancel_scope)
         finally:
             with trio.CancelScope(shield=True):
                 await self.client.aclose()  # (its own link closed with the nursery)
@@ -277,6 +282,39 @@ class ClientConnection:
                     log.warning("%s", exc, extra=self._fields())
 
     # -- the session -------------------------------------------------------------------------
+
+    def deliver(self, pending: Pending, frame: bytearray) -> None:
+        """A response from a link. When nothing needs it decoded, nothing is owed before it and the
+        writer is idle, it is answered here and now, in the link's reader (one task switch less
+        per request); otherwise the writer answers it in turn."""
+        if (
+            pending.decode
+            or self.writing
+            or self._unsent is not None
+            or self.gateway.tap is not None
+            or not self.session.is_first(pending)
+        ):
+            self.fill(pending, frame)
+            return
+        try:
+            out = self._plain_response(pending, frame)
+        except Exception:  # the writer meets it again, and closes the connection saying why
+            self.fill(pending, frame)
+            return
+        set_response_correlation_id(out, pending.client_corr)
+        data = len(out).to_bytes(4, "big") + out
+        self.session.take_first()
+        try:
+            sent = self._io.try_send(data)
+        except trio.BrokenResourceError:
+            sent = len(data)  # the client is gone; its reader sees it
+        self.gateway.metrics.response(pending.api_key, len(out), time.perf_counter() - pending.started)
+        if sent < len(data):
+            self._unsent = memoryview(data)[sent:]
+            self._writer_lot.unpark_all()
+        elif self.session.first_filled() or not self._reading:  # (draining: the writer ends it)
+            self._writer_lot.unpark_all()
+        self._reader_lot.unpark_all()
 
     def fill(self, pending: Pending, response: object) -> None:
         """A response for ``pending`` is there (a frame, an error, or streamed): the writer may go."""
@@ -309,23 +347,35 @@ class ClientConnection:
 
     # -- reading requests ----------------------------------------------------------------------
 
+    async def _watch_idle(self, scope: trio.CancelScope) -> None:
+        """Closes the connection once it has sent nothing for GATEWAY_IDLE_CONNECTION_TIMEOUT_MS
+        with nothing in flight (a long poll is not idle). A task of its own, waking once per
+        timeout, costs less than a timeout around every read."""
+        timeout = self.gateway.settings.idle_connection_timeout_ms / 1000
+        if not timeout:
+            return
+        while True:
+            await trio.sleep_until(self._last_read + timeout)
+            now = trio.current_time()
+            if now < self._last_read + timeout:
+                continue  # the client sent something meanwhile
+            if self.session.owed or self._internal or self._reader.peek_partial() is not None:
+                self._last_read = now  # waiting for the broker, or in the middle of a frame
+                continue
+            self._closing(
+                f"no request for {self.gateway.settings.idle_connection_timeout_ms} ms"
+                " (GATEWAY_IDLE_CONNECTION_TIMEOUT_MS)",
+                logging.INFO,
+            )
+            scope.cancel()
+            return
+
     async def _read_client(self, scope: trio.CancelScope) -> None:
         with self._read_scope:
             try:
-                idle = self.gateway.settings.idle_connection_timeout_ms / 1000 or math.inf
                 while True:
-                    with trio.move_on_after(idle) as waiting:
-                        data = await self.client.receive_some(next_read_size(self._reader))
-                    if waiting.cancelled_caught:
-                        if self.session.owed or self._internal or self._reader.peek_partial() is not None:
-                            continue  # waiting for the broker, or in the middle of a frame
-                        self._closing(
-                            f"no request for {self.gateway.settings.idle_connection_timeout_ms} ms"
-                            " (GATEWAY_IDLE_CONNECTION_TIMEOUT_MS)",
-                            logging.INFO,
-                        )
-                        scope.cancel()
-                        return
+                    data = await self._io.receive_some(next_read_size(self._reader))
+                    self._last_read = trio.current_time()
                     if not data:  # the client is gone: nothing waiting upstream can reach it
                         scope.cancel()
                         return
@@ -498,8 +548,14 @@ class ClientConnection:
         session = self.session
         metrics = self.gateway.metrics
         tap = self.gateway.tap
+        io = self._io
         try:
             while True:
+                if self._unsent is not None:  # a link's reader began this response: it goes first
+                    self.writing = True
+                    await io.send_all(self._unsent)
+                    self._unsent = None
+                    self.writing = False
                 ready = session.take_ready()
                 if not ready:
                     if not self._reading and not session.owed and not self._internal:
@@ -517,16 +573,16 @@ class ClientConnection:
                         tap(self.info, "g2c", frame)
                     if len(frame) >= _COPY_LIMIT:
                         if out:
-                            await self.client.send_all(out)
+                            await io.send_all(out)
                             out = bytearray()
-                        await self.client.send_all(len(frame).to_bytes(4, "big"))
-                        await self.client.send_all(frame)
+                        await io.send_all(len(frame).to_bytes(4, "big"))
+                        await io.send_all(frame)
                     else:
                         out += len(frame).to_bytes(4, "big")
                         out += frame
                     metrics.response(pending.api_key, len(frame), time.perf_counter() - pending.started)
                 if out:
-                    await self.client.send_all(out)
+                    await io.send_all(out)
                 self.writing = False
         except UpstreamClosed as exc:
             self._closing(exc, logging.INFO)
@@ -615,12 +671,25 @@ class ClientConnection:
 
     # -- processing responses ---------------------------------------------------------------------------
 
+    def _plain_response(self, pending: Pending, frame: bytearray) -> bytearray:
+        """A response no hook needs: as it came, unless it carries broker addresses (KIP-951
+        leader hints) the core must rewrite."""
+        api_key, version = pending.api_key, pending.api_version
+        if not carries_addresses(api_key, version) or not has_node_endpoints(api_key, version, frame):
+            return frame
+        if response_class(api_key, version) is None:
+            return frame
+        try:
+            body = decode_response(api_key, version, frame)
+        except Exception as exc:
+            log.debug("forwarding undecodable %s response as is: %s", api_name(api_key), exc)
+            return frame
+        rewritten = self.gateway.core_rules.response(api_key, version, body)
+        return frame if rewritten is body else encode_response(rewritten, pending.client_corr)
+
     async def _process_response(self, pending: Pending, frame: bytearray) -> bytearray:
         if not pending.decode:
-            if not carries_addresses(pending.api_key, pending.api_version):
-                return frame
-            if not has_node_endpoints(pending.api_key, pending.api_version, frame):
-                return frame
+            return self._plain_response(pending, frame)
         if response_class(pending.api_key, pending.api_version) is None:
             return frame
         api_key = pending.api_key

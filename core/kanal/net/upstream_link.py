@@ -204,32 +204,44 @@ class UpstreamLink:
     async def _read(self) -> None:
         session = self.session
         channel = self.channel
+        receive = channel.receive_frame if self.shared else channel.receive_head
         while not self.closed:
+            # One watch for many responses (a scope per read costs more than the rest of the read):
+            # its deadline is the oldest request's when it starts, lowered by a send to an idle
+            # link; when it fires early (that request was answered), a new one starts.
             with trio.CancelScope(deadline=session.deadline) as watch:
                 self._watch = watch
-                head = await (channel.receive_frame() if self.shared else channel.receive_head())
+                while True:
+                    head = await receive()
+                    if isinstance(head, tuple):
+                        deadline = session.deadline
+                        with trio.CancelScope(shield=True):  # never cut a frame on a stale deadline
+                            with trio.move_on_at(deadline) as this_one:
+                                await self._large(*head)
+                        if this_one.cancelled_caught:
+                            self._timed_out()
+                            return
+                        continue
+                    waiter = session.received(response_correlation_id(head))
+                    if waiter is not None:
+                        if self._tap is not None:
+                            self._tap(waiter.info, "u2g", head)
+                        waiter.deliver(head)
             self._watch = None
-            if watch.cancelled_caught:
-                if self.closed:
-                    return
-                if trio.current_time() >= session.deadline:
-                    log.warning(
-                        "upstream %s did not answer within the request's wait plus %d ms"
-                        " (GATEWAY_UPSTREAM_REQUEST_TIMEOUT_MS): closing that connection",
-                        self.name,
-                        int(self._request_timeout * 1000),
-                    )
-                    self.close(UpstreamTimeout(f"no answer from upstream {self.name} in time"))
-                    return
-                continue
-            if isinstance(head, tuple):
-                await self._large(*head)
-                continue
-            waiter = session.received(response_correlation_id(head))
-            if waiter is not None:
-                if self._tap is not None:
-                    self._tap(waiter.info, "u2g", head)
-                waiter.deliver(head)
+            if self.closed:
+                return
+            if trio.current_time() >= session.deadline:
+                self._timed_out()
+                return
+
+    def _timed_out(self) -> None:
+        log.warning(
+            "upstream %s did not answer within the request's wait plus %d ms"
+            " (GATEWAY_UPSTREAM_REQUEST_TIMEOUT_MS): closing that connection",
+            self.name,
+            int(self._request_timeout * 1000),
+        )
+        self.close(UpstreamTimeout(f"no answer from upstream {self.name} in time"))
 
     async def _large(self, size: int, head: bytearray) -> None:
         """A large response still arriving: forwarded while it arrives if its waiter can take it so,

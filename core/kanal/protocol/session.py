@@ -82,6 +82,14 @@ class ClientSession(Generic[S]):
             ready.append(slots.popleft())
         return ready
 
+    def take_first(self) -> S:
+        """Removes the first slot (answered out of turn: it was first, and is now gone)."""
+        return self._slots.popleft()
+
+    def first_filled(self) -> bool:
+        """Whether the first slot owed is ready to go."""
+        return bool(self._slots) and self._slots[0].filled
+
     def is_first(self, slot: S) -> bool:
         """Whether ``slot`` is the next to go (everything owed before it has gone)."""
         return bool(self._slots) and self._slots[0] is slot
@@ -93,10 +101,6 @@ class ClientSession(Generic[S]):
     @property
     def full(self) -> bool:
         return len(self._slots) >= self.limit
-
-    def pending(self) -> list[S]:
-        """Every slot still owed, in order (for failing them when the connection ends)."""
-        return list(self._slots)
 
 
 class UpstreamSession(Generic[W]):
