@@ -22,7 +22,8 @@ READ_SIZE = 256 * 1024  # measured: 64 KiB reads cost about 25% of forwarding th
 # body mostly stays in the kernel (spliced) instead of passing through the process.
 HEAD_READ_SIZE = 16 * 1024
 STREAM_FROM = 256 * 1024  # frames at least this large may be forwarded while they arrive
-_SMALL = 64 * 1024
+#: Frames below this size are sent in one write (prefix and body copied together).
+SMALL_FRAME = 64 * 1024
 _STRUCTURE_READ = 4096  # first read of a scanned frame's structure between two record sets
 _FORWARD_FROM = 64 * 1024  # record sets at least this large are forwarded unread
 _LEN = struct.Struct(">i")
@@ -61,9 +62,19 @@ class KafkaChannel:
         self._reader = FrameReader(max_frame_size)
         self._frames: deque[bytearray] = deque()
 
+    def try_send_frame(self, frame: bytes | bytearray) -> memoryview | None:
+        """Writes a small frame (with its prefix) as far as the socket takes it without waiting:
+        None when all of it went, else what is left to send (see :meth:`send_rest`)."""
+        data = _LEN.pack(len(frame)) + frame
+        sent = self._io.try_send(data)
+        return None if sent == len(data) else memoryview(data)[sent:]
+
+    async def send_rest(self, rest: memoryview) -> None:
+        await self._io.send_all(rest)
+
     async def send_frame(self, frame: bytes | bytearray) -> None:
         """Sends one frame (without prefix); small frames in one write, large ones without a copy."""
-        if len(frame) < _SMALL:
+        if len(frame) < SMALL_FRAME:
             await self._io.send_all(_LEN.pack(len(frame)) + frame)
         else:
             await self._io.send_all(_LEN.pack(len(frame)))
