@@ -1,16 +1,86 @@
 """Prometheus metrics of the Kafka side of the gateway.
 
-Children are bound once per API key and counted per frame, never per record: a labelled
-``.labels()`` lookup costs about a microsecond, a bound child a quarter of that.
+Counted per frame, never per record. The per-API request and response figures are counted on every
+request, so they are plain integers read at scrape time (:class:`_PerApi`) rather than
+``prometheus_client`` children, each of which takes a lock per increment (a histogram observation
+and three increments cost about 4 us a request, 2% of the gateway's CPU per one-record Produce).
+The gateway counts from one thread; a scrape may see a request counted before its bytes.
 """
 
 from __future__ import annotations
 
+from bisect import bisect_left
+from collections.abc import Iterator
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.registry import Collector
 
 from kanal.protocol.api import api_name
 
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+
+
+class _Counts:
+    __slots__ = ("buckets", "latency_sum", "request_bytes", "requests", "response_bytes", "responses")
+
+    def __init__(self) -> None:
+        self.requests = self.request_bytes = self.responses = self.response_bytes = 0
+        self.latency_sum = 0.0
+        self.buckets = [0] * (len(LATENCY_BUCKETS) + 1)  # the last one: above every bound (+Inf)
+
+
+class _PerApi(Collector):
+    """Requests, responses, their bytes and latency by API, exposed as Prometheus families."""
+
+    def __init__(self) -> None:
+        self.counts: dict[int, _Counts] = {}
+
+    def of(self, api_key: int) -> _Counts:
+        counts = self.counts.get(api_key)
+        if counts is None:
+            counts = self.counts[api_key] = _Counts()
+        return counts
+
+    def collect(self) -> Iterator[Metric]:
+        latency = HistogramMetricFamily(
+            "gateway_latency_request_response_seconds",
+            "Time from a client request to its response, by API",
+            labels=["api_key"],
+        )
+        families = [
+            (CounterMetricFamily("gateway_requests", "Client requests, by API", labels=["api_key"]), "requests"),
+            (
+                CounterMetricFamily("gateway_request_bytes", "Bytes of client requests, by API", labels=["api_key"]),
+                "request_bytes",
+            ),
+            (
+                CounterMetricFamily("gateway_responses", "Responses sent to clients, by API", labels=["api_key"]),
+                "responses",
+            ),
+            (
+                CounterMetricFamily(
+                    "gateway_response_bytes", "Bytes of responses sent to clients, by API", labels=["api_key"]
+                ),
+                "response_bytes",
+            ),
+        ]
+        for api_key, counts in sorted(self.counts.items()):
+            name = api_name(api_key)
+            for family, field in families:
+                family.add_metric([name], getattr(counts, field))
+            cumulative, buckets = 0, []
+            for bound, count in zip((*LATENCY_BUCKETS, float("inf")), counts.buckets, strict=True):
+                cumulative += count
+                buckets.append((_bound_label(bound), cumulative))
+            latency.add_metric([name], buckets, counts.latency_sum)
+        yield latency
+        for family, _ in families:
+            yield family
+
+
+def _bound_label(bound: float) -> str:
+    return "+Inf" if bound == float("inf") else repr(bound)
 
 
 class GatewayMetrics:
@@ -19,21 +89,8 @@ class GatewayMetrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry()
         r = self.registry
-        self.latency = Histogram(
-            "gateway_latency_request_response_seconds",
-            "Time from a client request to its response, by API",
-            ["api_key"],
-            buckets=LATENCY_BUCKETS,
-            registry=r,
-        )
-        self.requests = Counter("gateway_requests", "Client requests, by API", ["api_key"], registry=r)
-        self.request_bytes = Counter(
-            "gateway_request_bytes", "Bytes of client requests, by API", ["api_key"], registry=r
-        )
-        self.responses = Counter("gateway_responses", "Responses sent to clients, by API", ["api_key"], registry=r)
-        self.response_bytes = Counter(
-            "gateway_response_bytes", "Bytes of responses sent to clients, by API", ["api_key"], registry=r
-        )
+        self._per_api = _PerApi()
+        r.register(self._per_api)
         self.client_connections = Gauge("gateway_client_connections_active", "Open client connections", registry=r)
         self.upstream_connections = Gauge(
             "gateway_upstream_connections_active", "Open upstream connections", registry=r
@@ -51,7 +108,6 @@ class GatewayMetrics:
             registry=r,
         )
         self.upstream_errors = Counter("gateway_upstream_errors", "Failed or lost upstream connections", registry=r)
-        self._bound: dict[int, tuple[Counter, Counter, Counter, Counter, Histogram]] = {}
         self.lifecycle: Histogram | None = None
         self._lifecycle_bound: dict[tuple[str, int, str], Histogram] = {}
 
@@ -76,29 +132,17 @@ class GatewayMetrics:
             child = self._lifecycle_bound[key] = self.lifecycle.labels(stage, api_name(api_key), interceptor)
         child.observe(seconds)
 
-    def _children(self, api_key: int) -> tuple[Counter, Counter, Counter, Counter, Histogram]:
-        bound = self._bound.get(api_key)
-        if bound is None:
-            name = api_name(api_key)
-            bound = self._bound[api_key] = (
-                self.requests.labels(name),
-                self.request_bytes.labels(name),
-                self.responses.labels(name),
-                self.response_bytes.labels(name),
-                self.latency.labels(name),
-            )
-        return bound
-
     def request(self, api_key: int, size: int) -> None:
-        requests, request_bytes, _, _, _ = self._children(api_key)
-        requests.inc()
-        request_bytes.inc(size + 4)
+        counts = self._per_api.of(api_key)
+        counts.requests += 1
+        counts.request_bytes += size + 4
 
     def response(self, api_key: int, size: int, seconds: float) -> None:
-        _, _, responses, response_bytes, latency = self._children(api_key)
-        responses.inc()
-        response_bytes.inc(size + 4)
-        latency.observe(seconds)
+        counts = self._per_api.of(api_key)
+        counts.responses += 1
+        counts.response_bytes += size + 4
+        counts.latency_sum += seconds
+        counts.buckets[bisect_left(LATENCY_BUCKETS, seconds)] += 1  # (a bucket's bound is inclusive)
 
     def streamed_response(self, api_key: int) -> None:
         self.streamed.labels(api_name(api_key)).inc()
