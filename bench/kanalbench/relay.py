@@ -6,6 +6,9 @@ would connect there directly, bypassing the relay. So the relay path has a broke
 second Tansu with the settings of the stack's (in-memory storage, same binary) that advertises the
 relay's port, and socat forwards that port to the broker's real one. Every connection of the client
 then goes through socat, and the broker CPU on this path is that second broker's.
+
+``KANALBENCH_RELAY=trio`` puts :mod:`kanalbench.trio_relay` (trio with the gateway's socket path) in
+socat's place: the floor of any proxy built on trio.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 from types import TracebackType
@@ -42,6 +46,9 @@ class Relay:
 
     def __init__(self, log_dir: Path) -> None:
         self.log_dir = log_dir
+        self.kind = os.environ.get("KANALBENCH_RELAY", "socat")
+        if self.kind not in ("socat", "trio"):
+            raise ValueError(f"KANALBENCH_RELAY must be socat or trio, not {self.kind!r}")
         self.port = 0
         self.broker: TansuBroker | None = None
         self.socat: ProcessOutput | None = None
@@ -55,12 +62,15 @@ class Relay:
         self.port = free_port(HOST)
         self.broker = TansuBroker(advertised=self.bootstrap, log_path=self.log_dir / "tansu-relay.log")
         self.broker.start(timeout=timeout)
-        argv = [
-            socat_binary(),
-            f"TCP-LISTEN:{self.port},bind={HOST},reuseaddr,fork,nodelay,backlog=1024",
-            f"TCP:{HOST}:{self.broker.port},nodelay",
-        ]
-        proc = spawn(argv, env=os.environ)
+        if self.kind == "trio":
+            argv = [sys.executable, "-m", "kanalbench.trio_relay", str(self.port), HOST, str(self.broker.port)]
+        else:
+            argv = [
+                socat_binary(),
+                f"TCP-LISTEN:{self.port},bind={HOST},reuseaddr,fork,nodelay,backlog=1024",
+                f"TCP:{HOST}:{self.broker.port},nodelay",
+            ]
+        proc = spawn(argv, env=os.environ, cwd=Path(__file__).resolve().parents[1])  # (bench/: kanalbench)
         assert proc.stdout is not None
         self._proc = proc
         self.socat = ProcessOutput(proc.stdout, name="socat", log_path=self.log_dir / "socat.log")

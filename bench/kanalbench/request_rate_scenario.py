@@ -20,8 +20,9 @@ divided by the Produce requests librdkafka sent meanwhile. ``other processes' lo
 machine's busy time in that window less the path's and the client's, in cores: a run that other
 work on the machine disturbed shows it there. ``proxy CPU/request`` is socat's on the
 relay path and the gateway's on the gateway path, so its ``ratio g/r`` is gateway CPU per request /
-relay CPU per request. ``--py-spy FILE`` profiles the gateway over the whole scenario (it is sampled
-only while busy, i.e. during the gateway runs).
+relay CPU per request. ``KANALBENCH_RELAY=trio`` runs :mod:`kanalbench.trio_relay` as the relay
+(the floor of a trio proxy) instead of socat. ``--py-spy FILE`` profiles the gateway over the whole
+scenario (it is sampled only while busy, i.e. during the gateway runs).
 """
 
 from __future__ import annotations
@@ -133,8 +134,9 @@ def request_rate(opts: Options, name: str) -> Report:
                 log(f"  warm-up {path}: " + _run(stack, relay, path, opts, min(2.0, opts.seconds), None))
         for i, path in order(opts.repeats, PATHS):
             log(f"  run {i + 1}/{opts.repeats} {path}: " + _run(stack, relay, path, opts, opts.seconds, report))
+        kind = relay.kind
     report.notes.append(
-        "relay: socat in front of a second Tansu (same settings) that advertises socat's port; "
-        "proxy ratio g/r = gateway CPU per request / socat CPU per request"
+        f"relay: {kind} in front of a second Tansu (same settings) that advertises {kind}'s port; "
+        f"proxy ratio g/r = gateway CPU per request / {kind} CPU per request"
     )
     return report
