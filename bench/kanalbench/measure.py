@@ -27,7 +27,7 @@ from kanalbench.runs import (
     worker_argv,
     worker_env,
 )
-from kanalbench.stack import Stack, open_fds, proc_status
+from kanalbench.stack import Stack, nofile_limit, open_fds, proc_status
 
 MB = 1_000_000
 
@@ -246,9 +246,17 @@ def _hold_connections(bootstrap: str, count: int, while_held: Any) -> tuple[dict
 
 def idle_connections(opts: Options, name: str, config: Path | None = None, env: dict[str, str] | None = None) -> Report:
     """``count`` client connections, each with one ApiVersions answered, held open; the gateway's RSS
-    (VmRSS) while holding them. A fresh gateway process for every gateway run."""
+    (VmRSS) and its upstream connections to the broker while holding them, and the connections the
+    broker holds. A fresh gateway process for every gateway run."""
+    gateway_env = {**(env or {}), **opts.env}
     report = Report(
-        name, {"count": opts.count, "repeats": opts.repeats, "config": str(config or opts.config or "") or None}
+        name,
+        {
+            "count": opts.count,
+            "repeats": opts.repeats,
+            "config": str(config or opts.config or "") or None,
+            "gateway env": " ".join(f"{k}={v}" for k, v in sorted(gateway_env.items())) or None,
+        },
     )
     settle = 2.0
     with stack_for(opts, config, env) as stack:
@@ -260,13 +268,15 @@ def idle_connections(opts: Options, name: str, config: Path | None = None, env: 
             time.sleep(0.5)
             rss_before = proc_status(pids["gateway"])
 
-            def while_held(info: dict[str, Any], pids: dict[str, int] = pids) -> dict[str, int]:
+            def while_held(info: dict[str, Any], pids: dict[str, int] = pids, path: str = path) -> dict[str, int]:
                 time.sleep(settle)
                 return {
                     "gateway": proc_status(pids["gateway"]),
                     "broker": proc_status(pids["broker"]),
                     "gateway_fds": open_fds(pids["gateway"]),
                     "broker_fds": open_fds(pids["broker"]),
+                    "upstream": stack.upstream_connections() if path == "gateway" else 0,
+                    "broker_connections": stack.broker_connections(),
                 }
 
             result, rss = _hold_connections(stack.bootstrap(path), opts.count, while_held)
@@ -277,16 +287,28 @@ def idle_connections(opts: Options, name: str, config: Path | None = None, env: 
             report.metric("time to open and answer all", "s").add(path, result["open_seconds"])
             report.metric("broker RSS holding", "MB").add(path, rss["broker"] / MB)
             report.metric("broker open files holding", "count").add(path, rss["broker_fds"])
+            report.metric("broker connections holding", "count").add(path, rss["broker_connections"])
             if path == "gateway":
+                report.metric("gateway upstream connections holding", "count").add(path, rss["upstream"])
                 report.metric("gateway RSS before", "MB").add(path, rss_before / MB)
                 report.metric("gateway RSS holding", "MB").add(path, rss["gateway"] / MB)
                 report.metric("gateway RSS per connection", "KB").add(
                     path, (rss["gateway"] - rss_before) / opts.count / 1000
                 )
                 report.metric("gateway open files holding", "count").add(path, rss["gateway_fds"])
-            held = f"gateway RSS {rss['gateway'] / MB:.1f} MB, " if path == "gateway" else ""
+            held = (
+                f"gateway RSS {rss['gateway'] / MB:.1f} MB, {rss['upstream']} upstream connections, "
+                if path == "gateway"
+                else ""
+            )
             log(
                 f"  run {i + 1}/{opts.repeats} {path}: {result['answered']}/{opts.count} answered in "
-                f"{result['open_seconds']:.2f}s; {held}broker RSS {rss['broker'] / MB:.1f} MB"
+                f"{result['open_seconds']:.2f}s; {held}broker RSS {rss['broker'] / MB:.1f} MB, "
+                f"{rss['broker_connections']} broker connections"
             )
+        limit = nofile_limit(stack.pids()["gateway"])
+    report.notes.append(
+        "one broker: gateway upstream connections are those to it (shared, own, and the gateway's metadata "
+        f"client's), counted in /proc; gateway open-file limit {limit:,} (each unpooled client needs two)"
+    )
     return report

@@ -72,3 +72,58 @@ def delete_topic(bootstrap: str, name: str) -> None:
             future.result(timeout=30)
         except Exception as exc:  # a leftover topic only costs broker memory
             print(f"  (could not delete topic {name}: {exc})", file=sys.stderr)
+
+
+class LiveWorker:
+    """A client job in a process of its own that talks with the driver while it runs: it prints JSON
+    lines (``ready``, ...) and reads lines from stdin (a start time, ...). Its stderr (librdkafka's
+    log) goes to ``log_path``, not to a pipe that could fill up while the driver waits on stdout."""
+
+    def __init__(self, job: str, log_path: Path, **args: Any) -> None:
+        self.job = job
+        self.log_path = log_path
+        with log_path.open("w") as err:
+            self.proc = subprocess.Popen(
+                worker_argv(job, **args),
+                env=worker_env(),
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=err,
+                text=True,
+            )
+
+    def _failed(self, what: str) -> WorkerError:
+        tail = self.log_path.read_text(errors="replace")[-3000:]
+        return WorkerError(f"worker {self.job} {what} (exit {self.proc.poll()}):\n{tail}")
+
+    def read(self) -> dict[str, Any]:
+        """The next JSON line the job prints."""
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline()
+        if not line:
+            self.proc.wait(10)
+            raise self._failed("failed")
+        result: dict[str, Any] = json.loads(line)
+        return result
+
+    def send(self, line: str) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(line + "\n")
+        self.proc.stdin.flush()
+
+    def result(self, timeout: float = 120.0) -> dict[str, Any]:
+        """Its final JSON result, once it exits."""
+        try:
+            out, _ = self.proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            raise self._failed(f"did not finish within {timeout:.0f}s") from None
+        if self.proc.returncode != 0:
+            raise self._failed("failed")
+        result: dict[str, Any] = json.loads(out.strip().splitlines()[-1])
+        return result
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()

@@ -81,5 +81,6 @@ def idle_connections(opts: Options, name: str) -> Report:
 
 # Plugin scenarios kept in modules of their own register themselves on import.
 import kanalbench.dataquality_scenario  # noqa: E402  (dataquality-throughput)
+import kanalbench.pooling_scenario  # noqa: E402  (pooled-clients)
 import kanalbench.request_rate_scenario  # noqa: E402, F401  (request-rate)
 from kanalbench import topicview_scenario  # noqa: E402, F401  (topicview-throughput)

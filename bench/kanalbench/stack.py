@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import resource
 import shlex
 import sys
 import time
+import urllib.request
 import uuid
 from pathlib import Path
 from types import TracebackType
@@ -15,14 +17,19 @@ from typing import Self
 from kanal.embedded import GatewayProcess, TansuBroker
 
 GATEWAY_PORT_COUNT = 3
-#: Room for 1,000+ client connections plus as many upstream ones (inherited by the children).
-NOFILE = 20_000
+#: Room for 10,000 client connections plus as many upstream ones (inherited by the children; capped
+#: at the hard limit, which an unprivileged process cannot raise).
+NOFILE = 1 << 20
+#: ``/proc/net/tcp`` state of an established connection.
+TCP_ESTABLISHED = "01"
 
 
 def raise_nofile(wanted: int = NOFILE) -> None:
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft < wanted:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (min(wanted, hard), hard))
+    limit = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
+    if soft < limit:
+        with contextlib.suppress(ValueError, OSError):  # above the kernel's nr_open: keep what we have
+            resource.setrlimit(resource.RLIMIT_NOFILE, (limit, hard))
 
 
 def proc_status(pid: int, field: str = "VmRSS") -> int:
@@ -36,6 +43,52 @@ def proc_status(pid: int, field: str = "VmRSS") -> int:
 def open_fds(pid: int) -> int:
     """Open file descriptors of a process (sockets included)."""
     return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+def nofile_limit(pid: int) -> int:
+    """A process's soft limit on open files (``/proc/<pid>/limits``)."""
+    for line in Path(f"/proc/{pid}/limits").read_text().splitlines():
+        if line.startswith("Max open files"):
+            return int(line.split()[3])
+    raise KeyError("Max open files")
+
+
+def _socket_inodes(pid: int) -> set[str]:
+    inodes = set()
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:  # closed meanwhile
+            continue
+        if target.startswith("socket:["):
+            inodes.add(target[8:-1])
+    return inodes
+
+
+def tcp_connections(pid: int, *, remote_port: int | None = None, local_port: int | None = None) -> int:
+    """Established TCP connections a process holds, to ``remote_port`` (a gateway's upstream
+    connections to the broker) or on ``local_port`` (a broker's connections from clients).
+
+    Counted from the process's socket descriptors matched against ``/proc/<pid>/net/tcp`` and
+    ``tcp6``, so only the sockets of that process are counted, not the whole machine's."""
+    inodes = _socket_inodes(pid)
+    count = 0
+    for table in ("tcp", "tcp6"):
+        try:
+            lines = Path(f"/proc/{pid}/net/{table}").read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            fields = line.split()
+            local, remote, state, inode = fields[1], fields[2], fields[3], fields[9]
+            if state != TCP_ESTABLISHED or inode not in inodes:
+                continue
+            if remote_port is not None and int(remote.rsplit(":", 1)[1], 16) != remote_port:
+                continue
+            if local_port is not None and int(local.rsplit(":", 1)[1], 16) != local_port:
+                continue
+            count += 1
+    return count
 
 
 class Stack:
@@ -79,10 +132,39 @@ class Stack:
         wrapper.chmod(0o755)
         return str(wrapper)
 
-    def restart_gateway(self) -> GatewayProcess:
+    def restart_gateway(self, env: dict[str, str] | None = None) -> GatewayProcess:
+        """A fresh gateway process; ``env``, if given, replaces the gateway's extra settings."""
         if self.gateway is not None:
             self.gateway.stop()
+        if env is not None:
+            self.env = dict(env)
         return self.start_gateway()
+
+    def broker_port(self) -> int:
+        assert self.broker is not None
+        return self.broker.port
+
+    def upstream_connections(self) -> int:
+        """The gateway's established connections to the broker (shared, own and its metadata client's)."""
+        return tcp_connections(self.pids()["gateway"], remote_port=self.broker_port())
+
+    def broker_connections(self) -> int:
+        """Connections the broker holds on its Kafka port (from clients, a gateway, or both)."""
+        return tcp_connections(self.pids()["broker"], local_port=self.broker_port())
+
+    def gateway_metrics(self) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+        """The gateway's Prometheus samples, keyed by (name, sorted labels)."""
+        from prometheus_client.parser import text_string_to_metric_families
+
+        assert self.gateway is not None
+        url = f"http://127.0.0.1:{self.gateway.env['GATEWAY_HTTP_PORT']}/metrics"
+        with urllib.request.urlopen(url, timeout=10) as response:
+            text = response.read().decode()
+        return {
+            (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+            for family in text_string_to_metric_families(text)
+            for sample in family.samples
+        }
 
     def bootstrap(self, path: str) -> str:
         """The address a client bootstraps from on ``path`` (``direct`` or ``gateway``)."""

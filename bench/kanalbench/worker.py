@@ -9,12 +9,15 @@ the same code runs against the broker and against the gateway, only ``bootstrap`
   given ``pids``, also the CPU those processes used meanwhile and the Produce requests sent (request-rate).
 - ``idle``: open ``count`` TCP connections, send ApiVersions on each, read the answers, hold them until
   stdin closes (the driver reads the gateway's memory meanwhile).
+- ``clients``: many producers at a fixed total rate and many long-polling consumers at once, started
+  together with the other worker processes of a run (pooled-clients).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import selectors
 import socket
 import struct
 import sys
@@ -259,35 +262,57 @@ def api_versions_request(correlation_id: int, client_id: bytes = b"kanalbench") 
     return struct.pack(">i", len(body)) + body
 
 
-def _read_frame(sock: socket.socket) -> bytes:
-    head = b""
-    while len(head) < 4:
-        chunk = sock.recv(4 - len(head))
-        if not chunk:
-            raise ConnectionError("closed")
-        head += chunk
-    (size,) = struct.unpack(">i", head)
-    data = bytearray()
-    while len(data) < size:
-        chunk = sock.recv(size - len(data))
-        if not chunk:
-            raise ConnectionError("closed")
-        data += chunk
-    return bytes(data)
-
-
 def raise_nofile(wanted: int) -> None:
     import resource
 
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft < wanted:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (min(wanted, hard), hard))
+    limit = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
+    if soft < limit:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (limit, hard))
 
 
-def idle(bootstrap: str, count: int, timeout: float = 30.0) -> dict[str, Any]:
+def _answers(sockets: list[socket.socket], deadline: float) -> int:
+    """How many sockets answered their ApiVersions (correlation id = index, no error) by ``deadline``.
+
+    All are read at once (epoll): a gateway that cannot serve some connections (out of file
+    descriptors for their upstream ones, say) closes them or leaves them unanswered, and that must
+    show as a count rather than stall the run on the first of them."""
+    sel = selectors.DefaultSelector()
+    buffers: list[bytearray] = []
+    for i, sock in enumerate(sockets):
+        sock.setblocking(False)
+        sel.register(sock, selectors.EVENT_READ, i)
+        buffers.append(bytearray())
+    answered, pending = 0, len(sockets)
+    while pending and (left := deadline - time.perf_counter()) > 0:
+        for key, _ in sel.select(min(left, 1.0)):
+            i = key.data
+            sock = sockets[i]
+            try:
+                chunk = sock.recv(65536)
+            except BlockingIOError:
+                continue
+            except OSError:
+                chunk = b""
+            buf = buffers[i]
+            buf += chunk
+            done = not chunk
+            if len(buf) >= 4 and len(buf) >= 4 + struct.unpack(">i", buf[:4])[0]:
+                corr, error = struct.unpack(">ih", buf[4:10])
+                answered += corr == i and error == 0
+                done = True
+            if done:
+                sel.unregister(sock)
+                pending -= 1
+    sel.close()
+    return answered
+
+
+def idle(bootstrap: str, count: int, timeout: float = 60.0) -> dict[str, Any]:
     """Opens ``count`` connections, one ApiVersions each, then holds them until stdin closes.
 
-    Prints a ``{"holding": n, ...}`` line when all connections are open and answered."""
+    Prints a ``{"holding": n, ...}`` line when all connections are open and answered (or ``timeout``
+    passed: unanswered ones are counted, not waited for)."""
     raise_nofile(count + 100)
     host, port = bootstrap.rsplit(":", 1)
     sockets: list[socket.socket] = []
@@ -297,18 +322,12 @@ def idle(bootstrap: str, count: int, timeout: float = 30.0) -> dict[str, Any]:
         sockets.append(sock)
     for i, sock in enumerate(sockets):
         sock.sendall(api_versions_request(i))
-    answered = 0
-    for i, sock in enumerate(sockets):
-        frame = _read_frame(sock)
-        (corr, error) = struct.unpack(">ih", frame[:6])
-        if corr == i and error == 0:
-            answered += 1
+    answered = _answers(sockets, time.perf_counter() + timeout)
     opened = time.perf_counter() - start
     print(json.dumps({"holding": len(sockets), "answered": answered, "seconds": opened}), flush=True)
     sys.stdin.read()  # until the driver closes our stdin
     alive = 0
     for sock in sockets:  # still open? a closed peer reads as b"" at once
-        sock.setblocking(False)
         try:
             alive += sock.recv(1) != b""
         except BlockingIOError:
@@ -319,11 +338,130 @@ def idle(bootstrap: str, count: int, timeout: float = 30.0) -> dict[str, Any]:
     return {"connections": len(sockets), "answered": answered, "open_seconds": opened, "alive_at_end": alive}
 
 
+def clients(
+    bootstrap: str,
+    topic: str,
+    producers: int,
+    consumers: int,
+    partitions: list[int],
+    rate: float,
+    seconds: float,
+    warmup: float = 1.0,
+    size: int = 100,
+    fetch_wait_ms: int = 500,
+    group_prefix: str = "kanalbench",
+) -> dict[str, Any]:
+    """Many small clients at once, as behind a gateway that pools upstream connections.
+
+    ``producers`` producers (acks=1, linger.ms 0: one record per Produce request) send ``rate``
+    records/s between them, in turn; ``consumers`` consumers long-poll (``fetch_wait_ms``), consumer
+    ``j`` assigned ``partitions[j % len(partitions)]`` from its end, each in a group of its own. No
+    Python thread serves the consumers: librdkafka fetches into its queue on its own threads, which
+    is drained and counted at the end. Each producer has a thread serving its delivery callbacks, so
+    a record's latency (produce() to callback) is read as its ack arrives.
+
+    Prints ``{"ready": ...}`` once every client has fetched metadata, then waits for a start time
+    (Unix time, one line on stdin) so that every worker process starts sending together. Latencies
+    are those of records sent from ``warmup`` seconds after the start for ``seconds``. Once every
+    record is acknowledged it prints ``{"sent": ...}`` and keeps its clients connected until the
+    next line on stdin."""
+    from confluent_kafka import OFFSET_END, Consumer, Producer, TopicPartition
+
+    raise_nofile(4096)
+    prods = [
+        Producer(producer_config(bootstrap, **{"linger.ms": 0, "delivery.report.only.error": False}))
+        for _ in range(producers)
+    ]
+    cons = [
+        Consumer(
+            {
+                "bootstrap.servers": bootstrap,
+                "group.id": f"{group_prefix}-{j}",
+                "enable.auto.commit": False,
+                "enable.auto.offset.store": False,
+                "fetch.wait.max.ms": fetch_wait_ms,
+            }
+        )
+        for j in range(consumers)
+    ]
+    for producer in prods:
+        producer.list_topics(topic, timeout=30)
+    for consumer in cons:
+        consumer.list_topics(topic, timeout=30)
+    for j, consumer in enumerate(cons):
+        consumer.assign([TopicPartition(topic, partitions[j % len(partitions)], OFFSET_END)])
+
+    measured: list[float] = []
+    errors: list[str] = []
+    stop = threading.Event()
+
+    def on_warm(err: Any, _msg: Any) -> None:
+        if err is not None:
+            errors.append(str(err))
+
+    def on_measured(err: Any, msg: Any) -> None:
+        if err is not None:
+            errors.append(str(err))
+        else:
+            measured.append(msg.latency() * 1000.0)  # ms
+
+    def serve(producer: Any) -> None:
+        while not stop.is_set():
+            producer.poll(0.05)
+
+    pollers = [threading.Thread(target=serve, args=(p,), daemon=True) for p in prods]
+    for t in pollers:
+        t.start()
+    print(json.dumps({"ready": True, "producers": producers, "consumers": consumers}), flush=True)
+    start_wall = float(sys.stdin.readline())
+    start = time.perf_counter() + (start_wall - time.time())
+    vals = values(size, "bytes")
+    mask = DISTINCT_VALUES - 1
+    interval = 1.0 / rate if rate > 0 and prods else 0.0
+    warm_n = int(rate * warmup) if prods else 0
+    total = warm_n + int(rate * seconds) if prods else 0
+    for i in range(total):
+        delay = start + i * interval - time.perf_counter()
+        if delay > 0:
+            time.sleep(delay)
+        prods[i % producers].produce(topic, vals[i & mask], on_delivery=on_warm if i < warm_n else on_measured)
+    if not prods:
+        delay = start + warmup + seconds - time.perf_counter()
+        if delay > 0:
+            time.sleep(delay)
+    send_end = time.perf_counter()
+    left = sum(p.flush(30) for p in prods)
+    stop.set()
+    for t in pollers:
+        t.join()
+    print(json.dumps({"sent": total}), flush=True)
+    sys.stdin.readline()  # every client stays connected until the driver has counted connections
+    consumed = 0
+    for consumer in cons:
+        while batch := consumer.consume(10_000, 0):
+            consumed += sum(1 for msg in batch if msg.error() is None)
+    closers = [threading.Thread(target=c.close) for c in cons]  # each waits for its fetch in flight
+    for t in closers:
+        t.start()
+    for t in closers:
+        t.join()
+    if errors or left:
+        raise RuntimeError(f"clients run failed: {left} undelivered, {len(errors)} errors, first: {errors[:1]}")
+    return {
+        "latencies_ms": [round(x, 4) for x in measured],
+        "sent": total,
+        "measured": total - warm_n,
+        "send_seconds": send_end - start,
+        "consumed": consumed,
+    }
+
+
 JOBS: dict[str, Callable[..., dict[str, Any]]] = {
     "produce": produce,
     "consume": consume,
     "latency": latency,
     "idle": idle,
+    "clients": clients,
 }
 
 

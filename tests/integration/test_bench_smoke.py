@@ -90,3 +90,52 @@ def test_request_rate_smoke_reports_three_paths(tmp_path: Path) -> None:
     proxy = metrics["proxy CPU/request (socat or Kanal)"]
     assert proxy["direct"] == [] and len(proxy["relay"]) == len(proxy["gateway"]) == 1
     assert "gateway_relay_ratio" in proxy  # gateway CPU per request / socat CPU per request
+
+
+def test_pooled_clients_smoke_reports_both_modes_and_fewer_upstream_connections(tmp_path: Path) -> None:
+    out = tmp_path / "bench.json"
+    clients, pool = 6, 2
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(RUN),
+            "pooled-clients",
+            "--count",
+            str(clients),
+            "--partitions",
+            str(clients),
+            "--rate",
+            "60",
+            "--seconds",
+            "1",
+            "--repeats",
+            "1",
+            "--no-warmup",
+            "--gateway-env",
+            f"GATEWAY_UPSTREAM_NUM_CONNECTION={pool}",
+            "--json",
+            str(out),
+            "--log-dir",
+            str(tmp_path / "logs"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "produce latency p99, pooled - unpooled" in proc.stdout
+
+    (report,) = json.loads(out.read_text())["reports"]
+    metrics = {m["name"]: m for m in report["metrics"]}
+    for mode in ("unpooled", "pooled"):
+        latency = metrics[f"produce latency p99, {mode}"]
+        assert len(latency["direct"]) == len(latency["gateway"]) == 1
+        assert metrics[f"gateway CPU per Produce request, {mode}"]["gateway"][0] > 0
+    assert len(metrics["produce latency p99, pooled - unpooled"]["gateway"]) == 1
+    (unpooled,) = metrics["gateway upstream connections, unpooled"]["gateway"]
+    (pooled,) = metrics["gateway upstream connections, pooled"]["gateway"]
+    assert unpooled >= 2 * clients  # without pooling every producer and consumer has its own
+    # Pooled: the shared links, a link of its own per long-polling consumer, and the gateway's own
+    # client (its bootstrap and broker connections, for metadata).
+    assert pooled <= pool + clients + 2
