@@ -141,36 +141,40 @@ def test_a_changed_password_invalidates_the_cached_pair(tmp_path: Path) -> None:
     trio.run(main)
 
 
+# Not made of bcrypt's alphabet (./A-Za-z0-9): a random hash cannot contain it by chance.
+PASSWORD = "a1-secret!"
+
+
 def test_cache_keeps_successes_only_for_two_minutes_without_the_password(
     tmp_path: Path, counted_bcrypt: list[bytes]
 ) -> None:
     path = tmp_path / "creds.json"
-    write(path, {"alice": "a1"})
+    write(path, {"alice": PASSWORD})
     clock = Clock()
     metrics = ProxyMetrics()
     auth = BasicAuthenticator(str(path), metrics=metrics, clock=clock)
     auth.load()
 
     async def main() -> None:
-        assert await auth.authenticate(header("alice", "a1")) == "alice"
-        assert await auth.authenticate(header("alice", "a1")) == "alice"
+        assert await auth.authenticate(header("alice", PASSWORD)) == "alice"
+        assert await auth.authenticate(header("alice", PASSWORD)) == "alice"
         assert len(counted_bcrypt) == 1  # the second one came from the cache
         # failures are never cached: each wrong password pays the full bcrypt cost
         for _ in range(3):
             assert await auth.authenticate(header("alice", "wrong")) is None
         assert len(counted_bcrypt) == 4
         clock.now += 119
-        assert await auth.authenticate(header("alice", "a1")) == "alice"
+        assert await auth.authenticate(header("alice", PASSWORD)) == "alice"
         assert len(counted_bcrypt) == 4
         clock.now += 2  # two minutes after the check: checked again
-        assert await auth.authenticate(header("alice", "a1")) == "alice"
+        assert await auth.authenticate(header("alice", PASSWORD)) == "alice"
         assert len(counted_bcrypt) == 5
 
     trio.run(main)
     # the password is not stored anywhere in the cache
     for key, entry in auth._cache.items():
-        assert b"a1" not in key
-        assert "a1" not in repr(entry)
+        assert PASSWORD.encode() not in key
+        assert PASSWORD not in repr(entry)
     assert metrics.registry.get_sample_value("srp_cache_requests_total", {"cache": "credentials", "result": "hit"}) == 2
 
 
