@@ -19,7 +19,9 @@ from kanal.api.errors import UpstreamError
 from kanal.api.interceptor import Interceptor
 from kanal.api.services import Service
 from kanal.config.settings import Settings
+from kanal.identity.accounts import ServiceAccounts
 from kanal.metrics import GatewayMetrics
+from kanal.net.authentication import authenticators
 from kanal.net.channel import KafkaChannel
 from kanal.net.connection import ClientConnection, FrameTap
 from kanal.net.kafka_client import GatewayKafkaClient
@@ -33,6 +35,7 @@ from kanal.pipeline.registry import PluginRegistry
 from kanal.protocol.api import ApiKey
 from kanal.protocol.api import preload as preload_schemas
 from kanal.protocol.rewrite import Address
+from kanal.protocol.sasl_server import Authenticator
 from kanal.protocol.topic_names import TopicNames
 from kanal.services import CoreServices, PluginServices, ResolvingTopicNames
 
@@ -85,6 +88,8 @@ class Gateway:
             self.kafka,
         )
         self.pipeline = Pipeline(registry, self.services_for, self._retire)
+        self.service_accounts = ServiceAccounts()  # the GatewayServiceAccount resources applied
+        self._authenticators = authenticators(settings, self.service_accounts)
         self.core_services.pipeline = self.pipeline
         self.pipeline.configure(settings.interceptors)
         self.core_rules = CoreRules(self.learn_brokers, self.topic_names, self.advertised_address)
@@ -188,6 +193,9 @@ class Gateway:
             tap=self.tap,
             on_closed=gauge.dec,
         )
+
+    def authenticator(self) -> Authenticator | None:
+        return self._authenticators() if self._authenticators is not None else None
 
     def upstream_pool(self, node_id: int) -> UpstreamPool | None:
         """The shared links to ``node_id`` (GATEWAY_UPSTREAM_CONNECTION_POOL_TYPE), or None."""

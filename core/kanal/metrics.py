@@ -108,6 +108,12 @@ class GatewayMetrics:
             registry=r,
         )
         self.upstream_errors = Counter("gateway_upstream_errors", "Failed or lost upstream connections", registry=r)
+        self.failed_authentications = Counter(
+            "gateway_failed_authentications",
+            "Client authentications refused, by SASL mechanism",
+            ["mechanism"],
+            registry=r,
+        )
         self.lifecycle: Histogram | None = None
         self._lifecycle_bound: dict[tuple[str, int, str], Histogram] = {}
 
@@ -149,6 +155,9 @@ class GatewayMetrics:
 
     def streamed_request(self, api_key: int) -> None:
         self.streamed_requests.labels(api_name(api_key)).inc()
+
+    def failed_authentication(self, mechanism: str) -> None:
+        self.failed_authentications.labels(mechanism).inc()
 
     def upstream_error(self) -> None:
         self.upstream_errors.inc()

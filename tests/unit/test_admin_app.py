@@ -331,7 +331,7 @@ def test_a_plugin_kind_gets_routes_persistence_and_status() -> None:
 
     async def body(api: AdminApi, client: Client) -> None:
         kinds = await (await client.get("/gateway/v2/resource-kinds", headers=VIEWER)).get_json()
-        assert {k["kind"] for k in kinds} == {"Interceptor", "Greeting"}
+        assert {k["kind"] for k in kinds} == {"Interceptor", "GatewayServiceAccount", "Greeting"}
         hello = {"apiVersion": "gateway/v2", "kind": "Greeting", "metadata": {"name": "hi"}, "spec": {"text": "hello"}}
         created = await (await put(client, "/gateway/v2/greeting", hello)).get_json()
         assert created == {"resource": {**hello, "status": {"status": "Ready"}}, "upsertResult": "CREATED"}
@@ -432,7 +432,7 @@ def test_openapi_lists_every_route_with_templated_paths() -> None:
         assert "/gateway/v2/greeting" in paths and "/gateway/v2/greeting-count" in paths
         assert paths["/gateway/v2/greeting-count"]["get"]["summary"] == "How many greetings are stored."
         assert paths["/health/ready"]["get"]["security"] == []
-        assert set(document["components"]["schemas"]) == {"Interceptor", "Greeting"}
+        assert set(document["components"]["schemas"]) == {"Interceptor", "GatewayServiceAccount", "Greeting"}
 
     run_admin(body)
 

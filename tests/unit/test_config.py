@@ -275,3 +275,28 @@ def test_a_config_file_key_error_names_the_file_and_suggests_a_yaml_key(tmp_path
     config.write_text("kafka:\n  bootstrap.servers: nohost\n")
     with pytest.raises(ConfigError, match=rf"^{config}: kafka.bootstrap.servers: expected host:port"):
         load_settings(config, env={})
+
+
+KEY = "QUJDREVGR0hJSktMTU5PUFFSU1RVVldYWVphYmNkZWY="  # base64 of 32 bytes
+
+
+def test_a_sasl_listener_is_gateway_managed_unless_told_and_then_needs_the_token_key() -> None:
+    s = build_settings({"GATEWAY_SECURITY_PROTOCOL": "SASL_PLAINTEXT", "GATEWAY_USER_POOL_SECRET_KEY": KEY})
+    assert s.security_protocol == "sasl_plaintext" and s.security_mode is None  # GATEWAY_MANAGED
+    with pytest.raises(ConfigError) as info:
+        build_settings({"GATEWAY_SECURITY_PROTOCOL": "SASL_PLAINTEXT"})
+    assert info.value.key == "GATEWAY_USER_POOL_SECRET_KEY" and "SASL_PLAINTEXT" in str(info.value)
+    relayed = {"GATEWAY_SECURITY_PROTOCOL": "SASL_PLAINTEXT", "GATEWAY_SECURITY_MODE": "KAFKA_MANAGED"}
+    assert build_settings(relayed).security_mode == "kafka_managed"  # the cluster checks: no key needed
+
+
+def test_kafka_managed_needs_a_sasl_listener_and_both_variables_are_named() -> None:
+    with pytest.raises(ConfigError) as info:
+        build_settings({"GATEWAY_SECURITY_MODE": "KAFKA_MANAGED"})
+    assert info.value.key == "GATEWAY_SECURITY_MODE" and "GATEWAY_SECURITY_PROTOCOL is PLAINTEXT" in str(info.value)
+
+
+def test_sasl_ssl_needs_the_listener_certificate() -> None:
+    with pytest.raises(ConfigError) as info:
+        build_settings({"GATEWAY_SECURITY_PROTOCOL": "SASL_SSL", "GATEWAY_USER_POOL_SECRET_KEY": KEY})
+    assert info.value.key == "GATEWAY_SSL_CERTIFICATE_LOCATION"

@@ -108,6 +108,9 @@ class Host:
     def upstream_pool(self, node_id: int) -> UpstreamPool | None:
         return self.pool
 
+    def authenticator(self) -> None:
+        return None  # a PLAINTEXT listener
+
 
 class Client:
     def __init__(self, stream: trio.abc.Stream) -> None:

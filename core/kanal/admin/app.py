@@ -1,8 +1,9 @@
 """The admin HTTP API: a Quart app (quart-trio) served by Hypercorn in the gateway's own trio run.
 
 Routes: health (``/health/live``, ``/health/ready``), ``/versions``, ``/metrics``, ``/openapi.json``,
-the resource kinds' generic routes under ``/gateway/v2/<path>``, the interceptor resolver and the
-plugin catalogue, and whatever plugins add through the ``kanal_admin_routes`` hook.
+the resource kinds' generic routes under ``/gateway/v2/<path>``, the interceptor resolver, the token
+route of service accounts, the plugin catalogue, and whatever plugins add through the
+``kanal_admin_routes`` hook.
 
 Every route except health, versions, metrics and the OpenAPI document needs HTTP Basic credentials of a
 ``GATEWAY_ADMIN_API_USERS`` user; changes need an ``admin: true`` user. With no users configured the
@@ -26,6 +27,8 @@ from werkzeug.exceptions import HTTPException
 
 from kanal import __version__
 from kanal.admin.audit import audit, host_port
+from kanal.admin.identity import KIND as SERVICE_ACCOUNT
+from kanal.admin.identity import mint_token, service_accounts_of
 from kanal.admin.interceptors import plugin_catalogue, resolve
 from kanal.admin.metrics import HttpMetrics, route_template
 from kanal.admin.store import Change, ResourceStore
@@ -277,6 +280,25 @@ def create_app(api: AdminApi, extra_routes: Iterable[Callable[[AdminApi], None]]
             f"{API_PREFIX}/interceptor/resolve", "interceptor_resolve", interceptor_resolve, methods=["POST"]
         )
         api.read_only_endpoints.add("interceptor_resolve")
+
+    if kinds.get(SERVICE_ACCOUNT) is not None:
+        accounts = service_accounts_of(gateway)
+
+        async def token() -> Response:
+            """Mints a gateway token, the SASL PLAIN password of a LOCAL service account, for
+            {username, vCluster, lifeTimeSeconds}; needs GATEWAY_USER_POOL_SECRET_KEY."""
+            minted = mint_token(accounts, gateway.settings.user_pool_secret_key, await json_body())
+            api.audit(  # never the token
+                "MINT_TOKEN",
+                kind=SERVICE_ACCOUNT,
+                resourceName=minted.account.name,
+                scope={"vCluster": minted.account.vcluster} if minted.account.vcluster is not None else None,
+                lifeTimeSeconds=minted.lifetime_seconds,
+                result="SUCCESS",
+            )
+            return json_response({"token": minted.token})
+
+        app.add_url_rule(f"{API_PREFIX}/token", "token", token, methods=["POST"])
 
     for kind in kinds:
         _kind_routes(api, kind)

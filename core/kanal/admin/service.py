@@ -27,11 +27,14 @@ def resources_topic(gateway: GatewayHost) -> str:
 
 
 def collect_kinds(gateway: GatewayHost) -> KindRegistry:
-    """The Interceptor kind and every kind the plugins contribute (``kanal_admin_resources``)."""
+    """The core's kinds (Interceptor, GatewayServiceAccount) and every kind the plugins contribute
+    (``kanal_admin_resources``)."""
+    from kanal.admin.identity import service_account_kind, service_accounts_of
     from kanal.admin.interceptors import interceptor_kind
 
     kinds = KindRegistry()
     kinds.add(interceptor_kind(gateway))
+    kinds.add(service_account_kind(service_accounts_of(gateway)))
     for plugin_name, contributed in gateway.registry.call_each("kanal_admin_resources", gateway.services_for):
         for kind in contributed or ():
             if not isinstance(kind, ResourceKind):

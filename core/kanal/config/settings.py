@@ -17,6 +17,7 @@ from kanal.api.interceptor import InterceptorSpec, Scope
 from kanal.api.settings import FamilyCheck, Hint, SettingsFamily
 from kanal.config.upstream import UpstreamSettings, parse_upstream
 from kanal.config.users import AdminUser, parse_users
+from kanal.identity.accounts import USER_POOL_SECRET_ENV, user_pool_secret
 from kanal.protocol.framing import DEFAULT_MAX_FRAME_SIZE
 
 GATEWAY_PREFIX = "GATEWAY_"
@@ -60,6 +61,12 @@ def parse_bool(text: str) -> bool:
 def _str(text: str) -> str:
     if not text.strip():
         raise ValueError("must not be empty")
+    return text.strip()
+
+
+def _secret_key(text: str) -> str:
+    """The base64 text of a signing key, checked to decode to a key long enough (kept as text)."""
+    user_pool_secret(text)
     return text.strip()
 
 
@@ -195,9 +202,26 @@ OPTIONS: tuple[Option, ...] = (
     Option(
         "GATEWAY_SECURITY_PROTOCOL",
         "security_protocol",
-        _choice("plaintext", "ssl"),
+        _choice("plaintext", "ssl", "sasl_plaintext", "sasl_ssl"),
         "plaintext",
-        "Client listener protocol: PLAINTEXT or SSL.",
+        "Client listener protocol: PLAINTEXT, SSL, SASL_PLAINTEXT or SASL_SSL (clients must authenticate).",
+    ),
+    Option(
+        "GATEWAY_SECURITY_MODE",
+        "security_mode",
+        _choice("gateway_managed", "kafka_managed"),
+        None,
+        "Who authenticates clients of a SASL listener: GATEWAY_MANAGED (the gateway, with its tokens)"
+        " or KAFKA_MANAGED (the cluster: each client's SASL exchange is relayed to the broker on a"
+        " connection of its own). Unset: GATEWAY_MANAGED.",
+    ),
+    Option(
+        "GATEWAY_AUTHENTICATION_CONNECTION_MAX_REAUTH_MS",
+        "max_reauth_ms",
+        _int(0, 2**63 - 1),
+        0,
+        "Longest session of an authenticated client before it must re-authenticate (KIP-368);"
+        " 0: only the credential's expiry limits it.",
     ),
     Option(
         "GATEWAY_SSL_CERTIFICATE_LOCATION",
@@ -217,6 +241,14 @@ OPTIONS: tuple[Option, ...] = (
         _choice("none", "requested", "required"),
         "none",
         "Client certificate authentication: NONE, REQUESTED or REQUIRED.",
+    ),
+    Option(
+        USER_POOL_SECRET_ENV,
+        "user_pool_secret_key",
+        _secret_key,
+        None,
+        "Key that signs gateway tokens (POST /gateway/v2/token), base64 of at least 32 random bytes; the same"
+        " on every node. Unset: no token is minted.",
     ),
     Option(
         "GATEWAY_ADMIN_API_USERS",
@@ -273,6 +305,9 @@ class Settings:
     ssl_key_password: str | None = None
     ssl_ca_location: str | None = None
     ssl_client_auth: str = "none"
+    security_mode: str | None = None
+    max_reauth_ms: int = 0
+    user_pool_secret_key: str | None = field(default=None, repr=False)  # a secret: never in a repr or a log
     admin_api_users: tuple[AdminUser, ...] = ()
     resources_topic: str | None = None
     state_replication_factor: int = -1
@@ -496,16 +531,35 @@ def build_settings(
         interceptors=parse_interceptors(doc.get("interceptors")),
     )
     _check_tls(settings)
+    _check_security(settings)
     return settings
 
 
+def _check_security(settings: Settings) -> None:
+    """The listener's protocol and who authenticates on it (GATEWAY_SECURITY_MODE)."""
+    protocol = settings.security_protocol.upper()
+    sasl = protocol.startswith("SASL_")
+    if settings.security_mode == "kafka_managed" and not sasl:
+        raise ConfigError(
+            "GATEWAY_SECURITY_MODE", f"KAFKA_MANAGED needs a SASL listener, but GATEWAY_SECURITY_PROTOCOL is {protocol}"
+        )
+    if sasl and settings.security_mode != "kafka_managed" and not settings.user_pool_secret_key:
+        raise ConfigError(
+            USER_POOL_SECRET_ENV,
+            f"required when GATEWAY_SECURITY_PROTOCOL is {protocol} and GATEWAY_SECURITY_MODE is"
+            " GATEWAY_MANAGED (it signs the tokens clients log in with)",
+        )
+
+
 def _check_tls(settings: Settings) -> None:
-    if settings.security_protocol == "ssl":
+    if settings.security_protocol in ("ssl", "sasl_ssl"):
         for attr, env in (
             ("ssl_certificate_location", "GATEWAY_SSL_CERTIFICATE_LOCATION"),
             ("ssl_key_location", "GATEWAY_SSL_KEY_LOCATION"),
         ):
             if not getattr(settings, attr):
-                raise ConfigError(env, "required when GATEWAY_SECURITY_PROTOCOL is SSL")
+                raise ConfigError(
+                    env, f"required when GATEWAY_SECURITY_PROTOCOL is {settings.security_protocol.upper()}"
+                )
     if settings.ssl_client_auth != "none" and not settings.ssl_ca_location:
         raise ConfigError("GATEWAY_SSL_CA_LOCATION", "required when GATEWAY_SSL_CLIENT_AUTH is set")

@@ -34,6 +34,7 @@ from kanal.protocol.headers import (
     InvalidHeader,
     RequestHeader,
     parse_request_header,
+    peek_request,
     produce_acks,
     set_response_correlation_id,
 )
@@ -44,6 +45,7 @@ from kanal.protocol.messages import (
     encode_response,
 )
 from kanal.protocol.rewrite import carries_addresses
+from kanal.protocol.sasl_server import Action, Authenticator
 from kanal.protocol.scan import NEUTRAL_TAG, ResponseScan, has_node_endpoints, node_endpoints_entry, scans
 from kanal.protocol.session import ClientSession, Slot, stream_response
 from kanal.protocol.validate import MalformedRequest, RequestScan, validate_request
@@ -77,6 +79,11 @@ class ProtocolViolation(Exception):
     """The client or the upstream broke the protocol; the connection is closed."""
 
 
+class _AnsweredThenClose(Exception):
+    """The request was answered (an authentication failure); the connection closes once that
+    answer has gone."""
+
+
 class ConnectionHost(Protocol):
     """What a client connection needs of the gateway that accepted it."""
 
@@ -100,6 +107,11 @@ class ConnectionHost(Protocol):
 
     def upstream_pool(self, node_id: int) -> UpstreamPool | None:
         """The shared links to ``node_id``, or None when pooling is off."""
+        ...
+
+    def authenticator(self) -> Authenticator | None:
+        """A new SASL exchange for a client of a listener that authenticates its clients itself
+        (GATEWAY_MANAGED), or None."""
         ...
 
 
@@ -202,6 +214,7 @@ class ClientConnection:
         self._pinned: UpstreamLink | None = None
         self._pool = gateway.upstream_pool(info.node_id)
         self._relays_identity = False
+        self._auth = gateway.authenticator()
         self._internal = 0  # interceptors' own requests in flight
         self._reading = True
         self._writer_lot = trio.lowlevel.ParkingLot()
@@ -382,6 +395,8 @@ class ClientConnection:
                     for frame in self._reader.feed(data):
                         if self.gateway.tap is not None:
                             self.gateway.tap(self.info, "c2g", frame)
+                        if self._auth is not None and await self._authenticating(frame):
+                            continue
                         await self._handle_request(frame)
                     partial = self._reader.peek_partial()
                     if partial is not None and partial[0] >= STREAM_FROM and len(partial[1]) >= _STREAM_HEAD:
@@ -392,10 +407,14 @@ class ClientConnection:
                         frame = await receive_rest(self.client, *partial)
                         if self.gateway.tap is not None:
                             self.gateway.tap(self.info, "c2g", frame)
+                        if self._auth is not None and await self._authenticating(frame):
+                            continue
                         await self._handle_request(frame)
             except (FrameTooLarge, InvalidFrame, InvalidHeader, ProtocolViolation) as exc:
                 self._closing(exc)
                 scope.cancel()
+            except _AnsweredThenClose as exc:  # the writer sends what is owed, then ends
+                self._closing(exc, logging.INFO)
             except MalformedRequest as exc:  # found in a request forwarded while it arrived
                 self._closing(f"malformed request: {exc}")
                 scope.cancel()
@@ -418,12 +437,59 @@ class ClientConnection:
     def _may_stream(self, size: int, head: bytearray) -> bool:
         """A large request (its header in) that no hook needs is forwarded while it arrives, on
         the client's own link (on a shared one a slow client would stall the others)."""
-        if self.gateway.tap is not None:
+        if self.gateway.tap is not None or (self._auth is not None and not self._auth.authenticated):
             return False
         header = parse_request_header(head)
         if not self._uses_own_link(header.api_key):
             return False
         return not decodes_request(self.chain(), header, head, self.gateway.topic_id_name)
+
+    async def _authenticating(self, frame: bytearray) -> bool:
+        """The SASL exchange of a listener that authenticates its clients (GATEWAY_MANAGED): True
+        when ``frame`` was part of it (answered here, never forwarded). Before authentication only
+        ApiVersions and the exchange itself are served; a failure is answered, then the connection
+        closes. Once authenticated, only a re-authentication or an ended session (KIP-368) comes
+        here."""
+        auth = self._auth
+        assert auth is not None
+        if auth.authenticated and not auth.expects_raw_token:
+            api_key = int.from_bytes(frame[:2], "big")
+            if api_key not in _SASL_APIS and not auth.session_expired():
+                return False
+        step = auth.feed(frame)
+        if step.action is Action.FORWARD or step.action is Action.API_VERSIONS:
+            return False
+        if step.authenticated:
+            self._authenticated(auth)
+        if step.failure is not None:
+            self.gateway.metrics.failed_authentication(auth.mechanism or "unknown")
+        if step.response is not None:
+            if auth.expects_raw_token or len(frame) < 8:
+                corr, api_key, version = 0, ApiKey.SASL_AUTHENTICATE, 0
+            else:
+                api_key, version, corr = peek_request(frame)
+            pending = Pending(self, corr, api_key, version, None, local=bytearray(step.response))
+            self.fill(await self._owe(pending), pending.local)
+        if step.action is Action.CLOSE:
+            raise _AnsweredThenClose(f"authentication failed ({step.failure})")
+        return True
+
+    def _authenticated(self, auth: Authenticator) -> None:
+        identity = auth.identity
+        assert identity is not None
+        info = self.info
+        first = info.principal is None
+        info.principal = identity.principal
+        info.groups = tuple(identity.groups)
+        info.vcluster = identity.vcluster
+        log.info(
+            "client %s %s as %s (%s)",
+            info.client_address,
+            "authenticated" if first else "re-authenticated",
+            identity.principal,
+            auth.mechanism,
+            extra=self._fields(),
+        )
 
     async def _handle_request(self, frame: bytearray, streamed_size: int | None = None) -> None:
         """Handles one request. With ``streamed_size``, ``frame`` is only the start of a large frame

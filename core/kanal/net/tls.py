@@ -9,8 +9,8 @@ from kanal.config.upstream import UpstreamSettings
 
 
 def server_context(settings: Settings) -> ssl.SSLContext | None:
-    """The client listener's context, or None for PLAINTEXT."""
-    if settings.security_protocol != "ssl":
+    """The client listener's context, or None for PLAINTEXT and SASL_PLAINTEXT."""
+    if settings.security_protocol not in ("ssl", "sasl_ssl"):
         return None
     ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     assert settings.ssl_certificate_location is not None  # checked by settings validation

@@ -1,0 +1,177 @@
+"""Clients authenticating to the gateway itself (GATEWAY_SECURITY_PROTOCOL=SASL_PLAINTEXT,
+GATEWAY_MANAGED): SASL PLAIN with a gateway token as the password, with real client libraries."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import logging
+import secrets
+import time
+from collections.abc import Callable, Iterator
+
+import pytest
+from aiokafka import AIOKafkaProducer
+from confluent_kafka import KafkaError, KafkaException, Producer
+from inprocess import bootstrap_of, inprocess_gateway
+from kafka import KafkaProducer
+from kafka.errors import KafkaError as KafkaPythonError
+
+from kanal.embedded import TansuBroker
+from kanal.gateway import Gateway
+from kanal.identity.accounts import AccountType, ServiceAccount
+from kanal.identity.tokens import mint
+
+SECRET = secrets.token_bytes(32)
+
+
+def _sasl_gateway(tansu: TansuBroker, **extra: str) -> Iterator[Gateway]:
+    env = {
+        "GATEWAY_SECURITY_PROTOCOL": "SASL_PLAINTEXT",
+        "GATEWAY_USER_POOL_SECRET_KEY": base64.b64encode(SECRET).decode(),
+        **extra,
+    }
+    with inprocess_gateway(tansu, env=env) as gw:
+        gw.service_accounts.replace(
+            [
+                ServiceAccount("orders-app", None, AccountType.LOCAL),
+                ServiceAccount("partner", None, AccountType.EXTERNAL, ("CN=partner",)),
+            ]
+        )
+        yield gw
+
+
+@pytest.fixture
+def gateway(tansu: TansuBroker) -> Iterator[Gateway]:
+    yield from _sasl_gateway(tansu)
+
+
+def _confluent(gw: Gateway, username: str, password: str, errors: list[KafkaError] | None = None) -> Producer:
+    config: dict[str, object] = {
+        "bootstrap.servers": bootstrap_of(gw),
+        "security.protocol": "SASL_PLAINTEXT",
+        "sasl.mechanism": "PLAIN",
+        "sasl.username": username,
+        "sasl.password": password,
+        "message.timeout.ms": 10000,
+    }
+    if errors is not None:
+        config["error_cb"] = errors.append
+    return Producer(config)
+
+
+def _delivered(producer: Producer, topic: str) -> KafkaError | None:
+    outcome: list[KafkaError | None] = []
+    producer.produce(topic, b"v", on_delivery=lambda err, _msg: outcome.append(err))
+    producer.flush(15)
+    assert outcome, "no delivery report"
+    return outcome[0]
+
+
+def _auth_error(gw: Gateway, username: str, password: str) -> KafkaError:
+    """The error the client library reports when the gateway refuses its login."""
+    errors: list[KafkaError] = []
+    producer = _confluent(gw, username, password, errors)
+    deadline = time.monotonic() + 15
+    while not any(e.code() == KafkaError._AUTHENTICATION for e in errors) and time.monotonic() < deadline:
+        producer.poll(0.2)
+    assert errors, "no error reported"
+    return next((e for e in errors if e.code() == KafkaError._AUTHENTICATION), errors[0])
+
+
+def test_a_token_for_a_local_account_logs_in_and_the_connection_gets_its_principal(
+    gateway: Gateway, unique_topic: Callable[..., str], caplog: pytest.LogCaptureFixture
+) -> None:
+    token = mint("orders-app", None, 600, SECRET)
+    caplog.set_level(logging.INFO, logger="kanal")
+    producer = _confluent(gateway, "orders-app", token)
+    assert _delivered(producer, unique_topic()) is None
+    assert "authenticated as orders-app (PLAIN)" in caplog.text
+    assert token not in caplog.text and base64.b64encode(SECRET).decode() not in caplog.text
+
+
+@pytest.mark.parametrize(
+    ("username", "password"),
+    [
+        ("orders-app", "not-a-token"),  # garbage
+        ("orders-app", mint("orders-app", None, 600, secrets.token_bytes(32))),  # forged: another key
+        ("orders-app", mint("orders-app", None, 1, SECRET, now=0)),  # expired
+        ("someone-else", mint("orders-app", None, 600, SECRET)),  # issued to another user
+        ("ghost", mint("ghost", None, 600, SECRET)),  # no such account
+        ("partner", mint("partner", None, 600, SECRET)),  # not a LOCAL account
+    ],
+    ids=["garbage", "forged", "expired", "other-user", "unknown-account", "external-account"],
+)
+def test_bad_credentials_are_refused_as_an_authentication_failure_and_nothing_secret_is_logged(
+    gateway: Gateway, username: str, password: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG, logger="kanal")
+    before = gateway.metrics.registry.get_sample_value("gateway_failed_authentications_total", {"mechanism": "PLAIN"})
+    error = _auth_error(gateway, username, password)
+    assert error.code() == KafkaError._AUTHENTICATION, error
+    assert "Authentication failed" in error.str(), error  # SASL_AUTHENTICATION_FAILED, saying no more
+    after = gateway.metrics.registry.get_sample_value("gateway_failed_authentications_total", {"mechanism": "PLAIN"})
+    assert (after or 0) > (before or 0)
+    assert password not in caplog.text
+    # Other clients are unaffected.
+    assert _delivered(_confluent(gateway, "orders-app", mint("orders-app", None, 600, SECRET)), "auth-others") is None
+
+
+def test_a_client_that_does_not_authenticate_gets_nothing(gateway: Gateway) -> None:
+    plain = Producer({"bootstrap.servers": bootstrap_of(gateway), "message.timeout.ms": 3000})
+    with pytest.raises(KafkaException):
+        plain.list_topics(timeout=3)
+
+
+def test_kafka_python_logs_in_with_a_token_and_is_refused_with_a_bad_one(
+    gateway: Gateway, unique_topic: Callable[..., str]
+) -> None:
+    def producer(password: str) -> KafkaProducer:
+        return KafkaProducer(
+            bootstrap_servers=bootstrap_of(gateway),
+            security_protocol="SASL_PLAINTEXT",
+            sasl_mechanism="PLAIN",
+            sasl_plain_username="orders-app",
+            sasl_plain_password=password,
+        )
+
+    good = producer(mint("orders-app", None, 600, SECRET))
+    good.send(unique_topic(), b"v").get(timeout=15)
+    good.close()
+    with pytest.raises(KafkaPythonError):  # refused at bootstrap (or at the first send)
+        producer("wrong").send(unique_topic(), b"v").get(timeout=15)
+
+
+def test_aiokafka_logs_in_with_a_token(gateway: Gateway, unique_topic: Callable[..., str]) -> None:
+    async def produce() -> None:
+        producer = AIOKafkaProducer(
+            bootstrap_servers=bootstrap_of(gateway),
+            security_protocol="SASL_PLAINTEXT",
+            sasl_mechanism="PLAIN",
+            sasl_plain_username="orders-app",
+            sasl_plain_password=mint("orders-app", None, 600, SECRET),
+        )
+        await producer.start()
+        try:
+            await producer.send_and_wait(unique_topic(), b"v")
+        finally:
+            await producer.stop()
+
+    asyncio.run(produce())
+
+
+def test_sessions_end_and_clients_re_authenticate_in_time(
+    tansu: TansuBroker, unique_topic: Callable[..., str], caplog: pytest.LogCaptureFixture
+) -> None:
+    """KIP-368: with GATEWAY_AUTHENTICATION_CONNECTION_MAX_REAUTH_MS the gateway tells the client how
+    long its session lasts; librdkafka logs in again on the same connection before then."""
+    caplog.set_level(logging.INFO, logger="kanal")
+    for gw in _sasl_gateway(tansu, GATEWAY_AUTHENTICATION_CONNECTION_MAX_REAUTH_MS="1000"):
+        producer = _confluent(gw, "orders-app", mint("orders-app", None, 600, SECRET))
+        topic = unique_topic()
+        assert _delivered(producer, topic) is None
+        deadline = time.monotonic() + 20
+        while "re-authenticated as orders-app" not in caplog.text and time.monotonic() < deadline:
+            producer.poll(0.2)
+        assert "re-authenticated as orders-app" in caplog.text
+        assert _delivered(producer, topic) is None
