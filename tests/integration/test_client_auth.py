@@ -8,15 +8,19 @@ import base64
 import logging
 import secrets
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 
 import pytest
 from aiokafka import AIOKafkaProducer
-from confluent_kafka import KafkaError, KafkaException, Producer
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from inprocess import bootstrap_of, inprocess_gateway
 from kafka import KafkaProducer
 from kafka.errors import KafkaError as KafkaPythonError
 
+from kanal.api.context import RecordsContext
+from kanal.api.hookspecs import hookimpl
+from kanal.api.interceptor import Interceptor, InterceptorSpec, Scope
 from kanal.embedded import TansuBroker
 from kanal.gateway import Gateway
 from kanal.identity.accounts import AccountType, ServiceAccount
@@ -25,16 +29,39 @@ from kanal.identity.tokens import mint
 SECRET = secrets.token_bytes(32)
 
 
-def _sasl_gateway(tansu: TansuBroker, **extra: str) -> Iterator[Gateway]:
+class TagOnFetch(Interceptor):
+    """Appends its configured tag to every fetched value (to see which interceptor applied)."""
+
+    plugin_name = "test-tag"
+
+    @hookimpl
+    def kanal_fetch_records(self, ctx: RecordsContext) -> None:
+        for batch in ctx.records.batches:
+            for record in batch.records():
+                if record.value is not None:
+                    record.value = record.value + self.config["tag"].encode()
+            batch.mark_changed()
+
+
+class TagPlugin:
+    @hookimpl
+    def kanal_interceptor_types(self) -> list[type[Interceptor]]:
+        return [TagOnFetch]
+
+
+@contextmanager
+def _sasl_gateway(tansu: TansuBroker, interceptors: Sequence[InterceptorSpec] = (), **extra: str) -> Iterator[Gateway]:
     env = {
         "GATEWAY_SECURITY_PROTOCOL": "SASL_PLAINTEXT",
         "GATEWAY_USER_POOL_SECRET_KEY": base64.b64encode(SECRET).decode(),
         **extra,
     }
-    with inprocess_gateway(tansu, env=env) as gw:
+    plugins = {"tag": TagPlugin()} if interceptors else {}
+    with inprocess_gateway(tansu, plugins, interceptors, env=env) as gw:
         gw.service_accounts.replace(
             [
                 ServiceAccount("orders-app", None, AccountType.LOCAL),
+                ServiceAccount("billing-app", None, AccountType.LOCAL),
                 ServiceAccount("partner", None, AccountType.EXTERNAL, ("CN=partner",)),
             ]
         )
@@ -43,7 +70,8 @@ def _sasl_gateway(tansu: TansuBroker, **extra: str) -> Iterator[Gateway]:
 
 @pytest.fixture
 def gateway(tansu: TansuBroker) -> Iterator[Gateway]:
-    yield from _sasl_gateway(tansu)
+    with _sasl_gateway(tansu) as gw:
+        yield gw
 
 
 def _confluent(gw: Gateway, username: str, password: str, errors: list[KafkaError] | None = None) -> Producer:
@@ -166,7 +194,7 @@ def test_sessions_end_and_clients_re_authenticate_in_time(
     """KIP-368: with GATEWAY_AUTHENTICATION_CONNECTION_MAX_REAUTH_MS the gateway tells the client how
     long its session lasts; librdkafka logs in again on the same connection before then."""
     caplog.set_level(logging.INFO, logger="kanal")
-    for gw in _sasl_gateway(tansu, GATEWAY_AUTHENTICATION_CONNECTION_MAX_REAUTH_MS="1000"):
+    with _sasl_gateway(tansu, GATEWAY_AUTHENTICATION_CONNECTION_MAX_REAUTH_MS="1000") as gw:
         producer = _confluent(gw, "orders-app", mint("orders-app", None, 600, SECRET))
         topic = unique_topic()
         assert _delivered(producer, topic) is None
@@ -175,3 +203,43 @@ def test_sessions_end_and_clients_re_authenticate_in_time(
             producer.poll(0.2)
         assert "re-authenticated as orders-app" in caplog.text
         assert _delivered(producer, topic) is None
+
+
+def test_an_interceptor_scoped_to_a_user_applies_to_that_user_only_and_the_most_specific_wins(
+    tansu: TansuBroker, unique_topic: Callable[..., str]
+) -> None:
+    topic = unique_topic()
+    producer = Producer({"bootstrap.servers": tansu.bootstrap})
+    for i in range(5):
+        producer.produce(topic, f"v{i}".encode(), partition=0)
+    assert producer.flush(15) == 0
+    interceptors = [
+        InterceptorSpec(name="tag", plugin="test-tag", config={"tag": "-everyone"}),
+        InterceptorSpec(name="tag", plugin="test-tag", scope=Scope(username="orders-app"), config={"tag": "-orders"}),
+    ]
+    with _sasl_gateway(tansu, interceptors) as gw:
+        assert _values(bootstrap_of(gw), topic, "orders-app") == [f"v{i}-orders".encode() for i in range(5)]
+        assert _values(bootstrap_of(gw), topic, "billing-app") == [f"v{i}-everyone".encode() for i in range(5)]
+
+
+def _values(bootstrap: str, topic: str, username: str) -> list[bytes]:
+    """The values of partition 0 of ``topic`` as ``username`` consumes them through the gateway."""
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "security.protocol": "SASL_PLAINTEXT",
+            "sasl.mechanism": "PLAIN",
+            "sasl.username": username,
+            "sasl.password": mint(username, None, 600, SECRET),
+            "group.id": f"g-{username}",
+        }
+    )
+    consumer.assign([TopicPartition(topic, 0, 0)])
+    out: list[bytes] = []
+    deadline = time.monotonic() + 30
+    while len(out) < 5 and time.monotonic() < deadline:
+        msg = consumer.poll(0.5)
+        if msg is not None and not msg.error():
+            out.append(msg.value())
+    consumer.close()
+    return out
