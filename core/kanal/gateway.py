@@ -194,8 +194,8 @@ class Gateway:
             on_closed=gauge.dec,
         )
 
-    def authenticator(self) -> Authenticator | None:
-        return self._authenticators() if self._authenticators is not None else None
+    def authenticator(self, client_host: str) -> Authenticator | None:
+        return self._authenticators(client_host) if self._authenticators is not None else None
 
     def upstream_pool(self, node_id: int) -> UpstreamPool | None:
         """The shared links to ``node_id`` (GATEWAY_UPSTREAM_CONNECTION_POOL_TYPE), or None."""

@@ -243,3 +243,15 @@ def _values(bootstrap: str, topic: str, username: str) -> list[bytes]:
             out.append(msg.value())
     consumer.close()
     return out
+
+
+def test_a_host_with_too_many_failed_logins_is_refused_even_with_a_good_token(
+    tansu: TansuBroker, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="kanal")
+    with _sasl_gateway(tansu, GATEWAY_AUTHENTICATION_MAX_FAILURES_PER_MINUTE="3") as gw:
+        for _ in range(3):
+            assert _auth_error(gw, "orders-app", "guess").code() == KafkaError._AUTHENTICATION
+        good = mint("orders-app", None, 600, SECRET)
+        assert _auth_error(gw, "orders-app", good).code() == KafkaError._AUTHENTICATION
+        assert "without checking it: 3 failed logins from there" in caplog.text

@@ -108,7 +108,7 @@ class Host:
     def upstream_pool(self, node_id: int) -> UpstreamPool | None:
         return self.pool
 
-    def authenticator(self) -> None:
+    def authenticator(self, client_host: str) -> None:
         return None  # a PLAINTEXT listener
 
 

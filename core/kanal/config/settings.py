@@ -224,6 +224,14 @@ OPTIONS: tuple[Option, ...] = (
         " 0: only the credential's expiry limits it.",
     ),
     Option(
+        "GATEWAY_AUTHENTICATION_MAX_FAILURES_PER_MINUTE",
+        "max_failed_logins_per_minute",
+        _int(0, 1_000_000),
+        30,
+        "Failed logins from one client host in a minute after which its logins are refused unchecked"
+        " until they age out (a brute-force guard); 0: no limit.",
+    ),
+    Option(
         "GATEWAY_SSL_CERTIFICATE_LOCATION",
         "ssl_certificate_location",
         _str,
@@ -307,6 +315,7 @@ class Settings:
     ssl_client_auth: str = "none"
     security_mode: str | None = None
     max_reauth_ms: int = 0
+    max_failed_logins_per_minute: int = 30
     user_pool_secret_key: str | None = field(default=None, repr=False)  # a secret: never in a repr or a log
     admin_api_users: tuple[AdminUser, ...] = ()
     resources_topic: str | None = None

@@ -109,9 +109,9 @@ class ConnectionHost(Protocol):
         """The shared links to ``node_id``, or None when pooling is off."""
         ...
 
-    def authenticator(self) -> Authenticator | None:
-        """A new SASL exchange for a client of a listener that authenticates its clients itself
-        (GATEWAY_MANAGED), or None."""
+    def authenticator(self, client_host: str) -> Authenticator | None:
+        """A new SASL exchange for a client (at ``client_host``) of a listener that authenticates
+        its clients itself (GATEWAY_MANAGED), or None."""
         ...
 
 
@@ -214,7 +214,7 @@ class ClientConnection:
         self._pinned: UpstreamLink | None = None
         self._pool = gateway.upstream_pool(info.node_id)
         self._relays_identity = False
-        self._auth = gateway.authenticator()
+        self._auth = gateway.authenticator(info.client_address.rpartition(":")[0])
         self._internal = 0  # interceptors' own requests in flight
         self._reading = True
         self._writer_lot = trio.lowlevel.ParkingLot()
