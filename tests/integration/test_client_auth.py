@@ -255,3 +255,31 @@ def test_a_host_with_too_many_failed_logins_is_refused_even_with_a_good_token(
         good = mint("orders-app", None, 600, SECRET)
         assert _auth_error(gw, "orders-app", good).code() == KafkaError._AUTHENTICATION
         assert "without checking it: 3 failed logins from there" in caplog.text
+
+
+def test_a_client_that_does_not_re_authenticate_is_closed_when_its_session_ends_and_logs_in_again(
+    tansu: TansuBroker, unique_topic: Callable[..., str], caplog: pytest.LogCaptureFixture
+) -> None:
+    """kafka-python does not implement KIP-368: once its session is over, its next request closes
+    the connection; it reconnects, logs in again and its records still arrive."""
+    caplog.set_level(logging.INFO, logger="kanal")
+    topic = unique_topic()
+    with _sasl_gateway(tansu, GATEWAY_AUTHENTICATION_CONNECTION_MAX_REAUTH_MS="500") as gw:
+        producer = KafkaProducer(
+            bootstrap_servers=bootstrap_of(gw),
+            security_protocol="SASL_PLAINTEXT",
+            sasl_mechanism="PLAIN",
+            sasl_plain_username="orders-app",
+            sasl_plain_password=mint("orders-app", None, 600, SECRET),
+            retries=5,
+        )
+        sent = 0
+        deadline = time.monotonic() + 30
+        while "request after the session expired" not in caplog.text and time.monotonic() < deadline:
+            producer.send(topic, f"v{sent}".encode()).get(timeout=15)
+            sent += 1
+        assert "request after the session expired" in caplog.text
+        producer.send(topic, b"after").get(timeout=15)  # logged in again on a new connection
+        producer.close()
+    expired = caplog.text.index("request after the session expired")
+    assert "authenticated as orders-app" in caplog.text[expired:]  # a new login after the close

@@ -471,7 +471,7 @@ class ClientConnection:
             pending = Pending(self, corr, api_key, version, None, local=bytearray(step.response))
             self.fill(await self._owe(pending), pending.local)
         if step.action is Action.CLOSE:
-            raise _AnsweredThenClose(f"authentication failed ({step.failure})")
+            raise _AnsweredThenClose(f"SASL: {step.failure}")  # a refused login, or a session over
         return True
 
     def _authenticated(self, auth: Authenticator) -> None:
