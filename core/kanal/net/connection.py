@@ -743,12 +743,8 @@ class ClientConnection:
         api_key, version = pending.api_key, pending.api_version
         if not carries_addresses(api_key, version) or not has_node_endpoints(api_key, version, frame):
             return frame
-        if response_class(api_key, version) is None:
-            return frame
-        try:
-            body = decode_response(api_key, version, frame)
-        except Exception as exc:
-            log.debug("forwarding undecodable %s response as is: %s", api_name(api_key), exc)
+        body = _decoded(pending, frame)
+        if body is None:
             return frame
         rewritten = self.gateway.core_rules.response(api_key, version, body)
         return frame if rewritten is body else encode_response(rewritten, pending.client_corr)
@@ -756,14 +752,10 @@ class ClientConnection:
     async def _process_response(self, pending: Pending, frame: bytearray) -> bytearray:
         if not pending.decode:
             return self._plain_response(pending, frame)
-        if response_class(pending.api_key, pending.api_version) is None:
+        body = _decoded(pending, frame)
+        if body is None:
             return frame
         api_key = pending.api_key
-        try:
-            body = decode_response(api_key, pending.api_version, frame)
-        except Exception as exc:  # e.g. an ApiVersions error answered in v0 format
-            log.debug("forwarding undecodable %s response as is: %s", api_name(api_key), exc)
-            return frame
         original = body
         body = self.gateway.core_rules.response(api_key, pending.api_version, body)
         if pending.failures:
@@ -787,6 +779,19 @@ class ClientConnection:
         if body is original:
             return frame
         return encode_response(body, pending.client_corr)
+
+
+def _decoded(pending: Pending, frame: bytearray) -> Any:
+    """The response's body, or None when it goes to the client as it came: no class for its
+    version, or not decodable (e.g. an ApiVersions error answered in v0 format)."""
+    api_key, version = pending.api_key, pending.api_version
+    if response_class(api_key, version) is None:
+        return None
+    try:
+        return decode_response(api_key, version, frame)
+    except Exception as exc:
+        log.debug("forwarding undecodable %s response as is: %s", api_name(api_key), exc)
+        return None
 
 
 _STREAM_HEAD = 1024  # once this much of them is in: enough for the header and Produce's acks
