@@ -10,6 +10,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -18,19 +19,15 @@ pytestmark = pytest.mark.integration
 RUN = Path(__file__).resolve().parents[2] / "bench" / "run.py"
 
 
-def test_throughput_smoke_prints_ratios(tmp_path: Path) -> None:
+def _bench(tmp_path: Path, scenario: str, *args: str) -> tuple[subprocess.CompletedProcess[str], dict[str, Any]]:
+    """Runs one scenario without warm-up; its output and its JSON report (asserting it succeeded)."""
     out = tmp_path / "bench.json"
     proc = subprocess.run(
         [
             sys.executable,
             str(RUN),
-            "passthrough-throughput",
-            "--size",
-            "100",
-            "--records",
-            "500",
-            "--repeats",
-            "2",
+            scenario,
+            *args,
             "--no-warmup",
             "--json",
             str(out),
@@ -43,10 +40,14 @@ def test_throughput_smoke_prints_ratios(tmp_path: Path) -> None:
         check=False,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
+    (report,) = json.loads(out.read_text())["reports"]
+    return proc, report
+
+
+def test_throughput_smoke_prints_ratios(tmp_path: Path) -> None:
+    proc, report = _bench(tmp_path, "passthrough-throughput", "--size", "100", "--records", "500", "--repeats", "2")
     assert "ratio g/d" in proc.stdout
     assert "run 2/2 gateway" in proc.stderr  # ABAB: both paths, every repeat
-
-    (report,) = json.loads(out.read_text())["reports"]
     assert report["scenario"] == "passthrough-throughput"
     metrics = {(m["name"], m["unit"]): m for m in report["metrics"]}
     for key in (("produce", "rec/s"), ("produce", "MB/s"), ("consume", "rec/s"), ("consume", "MB/s")):
@@ -56,33 +57,8 @@ def test_throughput_smoke_prints_ratios(tmp_path: Path) -> None:
 
 
 def test_request_rate_smoke_reports_three_paths(tmp_path: Path) -> None:
-    out = tmp_path / "bench.json"
-    proc = subprocess.run(
-        [
-            sys.executable,
-            str(RUN),
-            "request-rate",
-            "--rate",
-            "200",
-            "--seconds",
-            "1",
-            "--repeats",
-            "1",
-            "--no-warmup",
-            "--json",
-            str(out),
-            "--log-dir",
-            str(tmp_path / "logs"),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+    proc, report = _bench(tmp_path, "request-rate", "--rate", "200", "--seconds", "1", "--repeats", "1")
     assert "ratio g/r" in proc.stdout
-
-    (report,) = json.loads(out.read_text())["reports"]
     metrics = {m["name"]: m for m in report["metrics"]}
     for name in ("latency p99", "achieved rate", "records per Produce request", "broker CPU/request"):
         assert len(metrics[name]["direct"]) == len(metrics[name]["relay"]) == len(metrics[name]["gateway"]) == 1
@@ -93,40 +69,14 @@ def test_request_rate_smoke_reports_three_paths(tmp_path: Path) -> None:
 
 
 def test_pooled_clients_smoke_reports_both_modes_and_fewer_upstream_connections(tmp_path: Path) -> None:
-    out = tmp_path / "bench.json"
     clients, pool = 6, 2
-    proc = subprocess.run(
-        [
-            sys.executable,
-            str(RUN),
-            "pooled-clients",
-            "--count",
-            str(clients),
-            "--partitions",
-            str(clients),
-            "--rate",
-            "60",
-            "--seconds",
-            "1",
-            "--repeats",
-            "1",
-            "--no-warmup",
-            "--gateway-env",
-            f"GATEWAY_UPSTREAM_NUM_CONNECTION={pool}",
-            "--json",
-            str(out),
-            "--log-dir",
-            str(tmp_path / "logs"),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
+    proc, report = _bench(
+        tmp_path,
+        "pooled-clients",
+        *("--count", str(clients), "--partitions", str(clients), "--rate", "60", "--seconds", "1"),
+        *("--repeats", "1", "--gateway-env", f"GATEWAY_UPSTREAM_NUM_CONNECTION={pool}"),
     )
-    assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "produce latency p99, pooled - unpooled" in proc.stdout
-
-    (report,) = json.loads(out.read_text())["reports"]
     metrics = {m["name"]: m for m in report["metrics"]}
     for mode in ("unpooled", "pooled"):
         latency = metrics[f"produce latency p99, {mode}"]
