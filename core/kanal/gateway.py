@@ -20,6 +20,7 @@ from kanal.api.interceptor import Interceptor
 from kanal.api.services import Service
 from kanal.config.settings import Settings
 from kanal.identity.accounts import ServiceAccounts
+from kanal.identity.directory import Directory
 from kanal.metrics import GatewayMetrics
 from kanal.net.authentication import authenticators
 from kanal.net.channel import KafkaChannel
@@ -35,6 +36,7 @@ from kanal.pipeline.registry import PluginRegistry
 from kanal.protocol.api import ApiKey
 from kanal.protocol.api import preload as preload_schemas
 from kanal.protocol.rewrite import Address
+from kanal.protocol.sasl_mechanisms import Identity
 from kanal.protocol.sasl_server import Authenticator
 from kanal.protocol.topic_names import TopicNames
 from kanal.services import CoreServices, PluginServices, ResolvingTopicNames
@@ -89,6 +91,7 @@ class Gateway:
         )
         self.pipeline = Pipeline(registry, self.services_for, self._retire)
         self.service_accounts = ServiceAccounts()  # the GatewayServiceAccount resources applied
+        self.directory = Directory(self.service_accounts)
         self._authenticators = authenticators(settings, self.service_accounts)
         self.core_services.pipeline = self.pipeline
         self.pipeline.configure(settings.interceptors)
@@ -193,6 +196,9 @@ class Gateway:
             tap=self.tap,
             on_closed=gauge.dec,
         )
+
+    def identify(self, credential: Identity) -> Identity:
+        return self.directory.identify(credential)
 
     def authenticator(self, client_host: str) -> Authenticator | None:
         return self._authenticators(client_host) if self._authenticators is not None else None

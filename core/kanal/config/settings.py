@@ -18,12 +18,13 @@ from kanal.api.settings import FamilyCheck, Hint, SettingsFamily
 from kanal.config.upstream import UpstreamSettings, parse_upstream
 from kanal.config.users import AdminUser, parse_users
 from kanal.identity.accounts import USER_POOL_SECRET_ENV, user_pool_secret
+from kanal.identity.principal_mapping import parse_rules
 from kanal.protocol.framing import DEFAULT_MAX_FRAME_SIZE
 
 GATEWAY_PREFIX = "GATEWAY_"
 FEATURE_FLAG_PREFIX = "GATEWAY_FEATURE_FLAGS_"
 #: The core's own feature flags (``GATEWAY_FEATURE_FLAGS_<NAME>``); plugins declare theirs.
-CORE_FEATURE_FLAGS = frozenset({"LIFECYCLE_METRICS", "VALIDATE_REQUESTS"})
+CORE_FEATURE_FLAGS = frozenset({"AUDIT", "LIFECYCLE_METRICS", "VALIDATE_REQUESTS"})
 
 _BOOL = {"true": True, "1": True, "yes": True, "on": True, "false": False, "0": False, "no": False, "off": False}
 
@@ -61,6 +62,17 @@ def parse_bool(text: str) -> bool:
 def _str(text: str) -> str:
     if not text.strip():
         raise ValueError("must not be empty")
+    return text.strip()
+
+
+def _names(text: str) -> tuple[str, ...]:
+    """A comma-separated list, blanks dropped."""
+    return tuple(n.strip() for n in text.split(",") if n.strip())
+
+
+def _mapping_rules(text: str) -> str:
+    """Kafka principal mapping rules, checked now so a typo fails at startup (kept as text)."""
+    parse_rules(text)
     return text.strip()
 
 
@@ -251,6 +263,72 @@ OPTIONS: tuple[Option, ...] = (
         "Client certificate authentication: NONE, REQUESTED or REQUIRED.",
     ),
     Option(
+        "GATEWAY_SSL_PRINCIPAL_MAPPING_RULES",
+        "ssl_principal_mapping_rules",
+        _mapping_rules,
+        "DEFAULT",
+        "How a client certificate's subject becomes the principal, in Kafka's syntax"
+        " (``RULE:<pattern>/<replacement>/[LU],...,DEFAULT``); DEFAULT keeps the whole subject.",
+    ),
+    Option(
+        "GATEWAY_OAUTH_JWKS_URL",
+        "oauth_jwks_url",
+        _str,
+        None,
+        "Where the identity provider publishes its signing keys (http(s):// or file://) for OAUTHBEARER"
+        " logins; unset: OAUTHBEARER is not offered.",
+    ),
+    Option(
+        "GATEWAY_OAUTH_JWKS_REFRESH",
+        "oauth_jwks_refresh_ms",
+        _int(1000, 2**31 - 1),
+        3600000,
+        "How often the JWKS is fetched again (ms); a token with an unknown key id also triggers a fetch.",
+    ),
+    Option(
+        "GATEWAY_OAUTH_EXPECTED_ISSUER",
+        "oauth_expected_issuer",
+        _str,
+        None,
+        "The ``iss`` a token must carry; unset: not checked.",
+    ),
+    Option(
+        "GATEWAY_OAUTH_EXPECTED_AUDIENCES",
+        "oauth_expected_audiences",
+        _names,
+        (),
+        "Comma-separated audiences; a token's ``aud`` must name one of them. Unset: not checked.",
+    ),
+    Option(
+        "GATEWAY_OAUTH_SUB_CLAIM_NAME",
+        "oauth_sub_claim_name",
+        _str,
+        "sub",
+        "The claim that names the principal.",
+    ),
+    Option(
+        "GATEWAY_OAUTH_GROUPS_CLAIM_NAME",
+        "oauth_groups_claim_name",
+        _str,
+        "groups",
+        "The claim listing the principal's external groups (matched by GatewayGroup externalGroups).",
+    ),
+    Option(
+        "GATEWAY_AUDIT_LOG_TOPIC",
+        "audit_log_topic",
+        _str,
+        None,
+        "Topic audit events are written to (default: _kanal_<GATEWAY_CLUSTER_ID>_auditlogs);"
+        " GATEWAY_FEATURE_FLAGS_AUDIT=false turns the audit log off.",
+    ),
+    Option(
+        "GATEWAY_AUDIT_LOG_RETENTION_MS",
+        "audit_log_retention_ms",
+        _int(-1, 2**63 - 1),
+        604800000,
+        "retention.ms of the audit log topic when the gateway creates it (7 days; -1: forever).",
+    ),
+    Option(
         USER_POOL_SECRET_ENV,
         "user_pool_secret_key",
         _secret_key,
@@ -316,6 +394,15 @@ class Settings:
     security_mode: str | None = None
     max_reauth_ms: int = 0
     max_failed_logins_per_minute: int = 30
+    ssl_principal_mapping_rules: str = "DEFAULT"
+    oauth_jwks_url: str | None = None
+    oauth_jwks_refresh_ms: int = 3600000
+    oauth_expected_issuer: str | None = None
+    oauth_expected_audiences: tuple[str, ...] = ()
+    oauth_sub_claim_name: str = "sub"
+    oauth_groups_claim_name: str = "groups"
+    audit_log_topic: str | None = None
+    audit_log_retention_ms: int = 604800000
     user_pool_secret_key: str | None = field(default=None, repr=False)  # a secret: never in a repr or a log
     admin_api_users: tuple[AdminUser, ...] = ()
     resources_topic: str | None = None

@@ -45,6 +45,7 @@ from kanal.protocol.messages import (
     encode_response,
 )
 from kanal.protocol.rewrite import carries_addresses
+from kanal.protocol.sasl_mechanisms import Identity
 from kanal.protocol.sasl_server import Action, Authenticator
 from kanal.protocol.scan import NEUTRAL_TAG, ResponseScan, has_node_endpoints, node_endpoints_entry, scans
 from kanal.protocol.session import ClientSession, Slot, stream_response
@@ -112,6 +113,10 @@ class ConnectionHost(Protocol):
     def authenticator(self, client_host: str) -> Authenticator | None:
         """A new SASL exchange for a client (at ``client_host``) of a listener that authenticates
         its clients itself (GATEWAY_MANAGED), or None."""
+        ...
+
+    def identify(self, credential: Identity) -> Identity:
+        """The identity a connection carries for an authenticated credential."""
         ...
 
 
@@ -475,8 +480,13 @@ class ClientConnection:
         return True
 
     def _authenticated(self, auth: Authenticator) -> None:
-        identity = auth.identity
-        assert identity is not None
+        assert auth.identity is not None
+        self.identified(auth.identity, auth.mechanism or "SASL")
+
+    def identified(self, credential: Identity, how: str) -> None:
+        """Gives the connection the identity a credential (``how``: a SASL mechanism, ``SSL``)
+        stands for, as the gateway's service accounts and groups map it."""
+        identity = self.gateway.identify(credential)
         info = self.info
         first = info.principal is None
         info.principal = identity.principal
@@ -487,7 +497,7 @@ class ClientConnection:
             info.client_address,
             "authenticated" if first else "re-authenticated",
             identity.principal,
-            auth.mechanism,
+            how,
             extra=self._fields(),
         )
 
