@@ -200,6 +200,10 @@ class Gateway:
     def identify(self, credential: Identity) -> Identity:
         return self.directory.identify(credential)
 
+    def authentication_outcome(self, info: Connection, mechanism: str, failure: str | None) -> None:
+        if failure is not None:
+            self.metrics.failed_authentication(mechanism)
+
     def authenticator(self, client_host: str) -> Authenticator | None:
         return self._authenticators(client_host) if self._authenticators is not None else None
 

@@ -119,6 +119,11 @@ class ConnectionHost(Protocol):
         """The identity a connection carries for an authenticated credential."""
         ...
 
+    def authentication_outcome(self, info: Connection, mechanism: str, failure: str | None) -> None:
+        """Records a login (or re-authentication) of ``info`` with ``mechanism``: a success when
+        ``failure`` is None, else refused for that reason (never a secret)."""
+        ...
+
 
 @dataclass(slots=True, eq=False)
 class Pending(Slot):
@@ -466,8 +471,8 @@ class ClientConnection:
             return False
         if step.authenticated:
             self._authenticated(auth)
-        if step.failure is not None:
-            self.gateway.metrics.failed_authentication(auth.mechanism or "unknown")
+        if step.authenticated or step.failure is not None:
+            self.gateway.authentication_outcome(self.info, auth.mechanism or "unknown", step.failure)
         if step.response is not None:
             if auth.expects_raw_token or len(frame) < 8:
                 corr, api_key, version = 0, ApiKey.SASL_AUTHENTICATE, 0
