@@ -39,7 +39,7 @@ from kanal.protocol.rewrite import Address
 from kanal.protocol.sasl_mechanisms import Identity
 from kanal.protocol.sasl_server import Authenticator
 from kanal.protocol.topic_names import TopicNames
-from kanal.services import CoreServices, PluginServices, ResolvingTopicNames
+from kanal.services import CoreServices, PluginServices, ResolvingTopicNames, TokenIdentities
 
 log = logging.getLogger(__name__)
 
@@ -92,6 +92,7 @@ class Gateway:
         self.pipeline = Pipeline(registry, self.services_for, self._retire)
         self.service_accounts = ServiceAccounts()  # the GatewayServiceAccount resources applied
         self.directory = Directory(self.service_accounts)
+        self.core_services.identities = TokenIdentities(settings.user_pool_secret_key, self.service_accounts)
         self._authenticators = authenticators(settings, self.service_accounts)
         self.core_services.pipeline = self.pipeline
         self.pipeline.configure(settings.interceptors)

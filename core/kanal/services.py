@@ -16,8 +16,10 @@ import trio
 
 from kanal.api.errors import UpstreamError
 from kanal.api.interceptor import InterceptorSpec
-from kanal.api.services import GatewayServices, KafkaClient, StateLog
+from kanal.api.services import GatewayServices, Identities, KafkaClient, Principal, StateLog
 from kanal.config.upstream import parse_upstream
+from kanal.identity.accounts import ServiceAccounts, user_pool_secret
+from kanal.identity.token_login import token_login
 from kanal.net.kafka_client import GatewayKafkaClient
 from kanal.net.state_log import CompactedLog
 from kanal.protocol.topic_names import TopicNames
@@ -30,7 +32,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-__all__ = ["CoreServices", "PluginServices", "ResolvingTopicNames"]
+__all__ = ["CoreServices", "PluginServices", "ResolvingTopicNames", "TokenIdentities"]
 
 
 class ResolvingTopicNames:
@@ -57,6 +59,25 @@ class ResolvingTopicNames:
         return name if name is not None else str(topic_id)
 
 
+class TokenIdentities(Identities):
+    """Gateway-token logins against the gateway's service accounts; without
+    GATEWAY_USER_POOL_SECRET_KEY every token is refused (there is no key to check it with)."""
+
+    def __init__(self, secret_key: str | None, accounts: ServiceAccounts) -> None:
+        self._secret = user_pool_secret(secret_key) if secret_key else None
+        self._accounts = accounts
+
+    def verify_token(self, username: str, token: str) -> Principal | None:
+        if self._secret is None:
+            log.info("refused a gateway token for %r: GATEWAY_USER_POOL_SECRET_KEY is not set", username)
+            return None
+        identity = token_login(self._secret, self._accounts, username, token)
+        if isinstance(identity, str):
+            log.info("refused a gateway token for %r: %s", username, identity)
+            return None
+        return Principal(identity.principal, identity.groups, identity.vcluster)
+
+
 class CoreServices:
     """What every plugin's services share: one per gateway."""
 
@@ -75,6 +96,7 @@ class CoreServices:
         self.topic_names = topic_names
         self.kafka = kafka
         self.pipeline = pipeline
+        self.identities: Identities = TokenIdentities(settings.user_pool_secret_key, ServiceAccounts())
         self._plugins: dict[str, PluginServices] = {}
         self._nursery: trio.Nursery | None = None
         self._queued: list[tuple[Callable[..., Awaitable[Any]], tuple[Any, ...], str]] = []
@@ -139,6 +161,10 @@ class PluginServices(GatewayServices):
     @property
     def kafka(self) -> KafkaClient:
         return self._core.kafka
+
+    @property
+    def identities(self) -> Identities:
+        return self._core.identities
 
     def settings(self, prefix: str) -> Mapping[str, str]:
         return {key: value for key, value in self._core.environ.items() if key.startswith(prefix)}

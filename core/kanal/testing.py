@@ -31,7 +31,7 @@ from kanal.api.context import Connection, RecordsContext, RequestContext, Respon
 from kanal.api.errors import LogError, UpstreamError
 from kanal.api.interceptor import Interceptor, InterceptorSpec, validate_config
 from kanal.api.results import PartitionError
-from kanal.api.services import KafkaClient, LogRecord, StateLog
+from kanal.api.services import Identities, KafkaClient, LogRecord, Principal, StateLog
 from kanal.net.upstream import own_request_class
 from kanal.pipeline.chain import Configured, build_chain, configured
 from kanal.pipeline.dispatch import Dispatcher, PartitionFailure, merge_partition_errors
@@ -41,7 +41,7 @@ from kanal.protocol.headers import parse_request_header
 from kanal.protocol.messages import decode_request_body, decode_response, encode_request, encode_response
 from kanal.protocol.records import RecordSet
 
-__all__ = ["Exchange", "FakeKafka", "FakeServices", "Harness", "MemoryStateLog"]
+__all__ = ["Exchange", "FakeIdentities", "FakeKafka", "FakeServices", "Harness", "MemoryStateLog"]
 
 Answer = Callable[[Any], Any]  # a request -> its response (or an awaitable of it)
 
@@ -134,6 +134,16 @@ class MemoryStateLog(StateLog):
         self.closed = True
 
 
+class FakeIdentities:
+    """:class:`~kanal.api.Identities` with a fixed table of (username, token) logins."""
+
+    def __init__(self, logins: Mapping[tuple[str, str], Principal] | None = None) -> None:
+        self.logins = dict(logins or {})
+
+    def verify_token(self, username: str, token: str) -> Principal | None:
+        return self.logins.get((username, token))
+
+
 class FakeServices:
     """:class:`~kanal.api.GatewayServices` for tests, with what a plugin did kept for assertions:
     ``installed`` (the specs of every ``install`` call), ``logs`` (state logs by topic), ``tasks``
@@ -146,8 +156,10 @@ class FakeServices:
         settings: Mapping[str, str] | None = None,
         kafka: KafkaClient | None = None,
         topic_names: Mapping[uuid.UUID, str] | None = None,
+        identities: Identities | None = None,
     ) -> None:
         self._cluster_id = cluster_id
+        self._identities = identities if identities is not None else FakeIdentities()
         self.environ = dict(settings or {})
         self._metrics = CollectorRegistry()
         self._topic_names = FakeTopicNames(topic_names)
@@ -177,6 +189,10 @@ class FakeServices:
     @property
     def shared(self) -> dict[str, Any]:
         return self._shared
+
+    @property
+    def identities(self) -> Identities:
+        return self._identities
 
     def settings(self, prefix: str) -> Mapping[str, str]:
         return {key: value for key, value in self.environ.items() if key.startswith(prefix)}

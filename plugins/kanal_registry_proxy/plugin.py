@@ -35,6 +35,7 @@ def kanal_gateway_services(services: GatewayServices) -> list[Service]:
         registry=services.metrics,
         kafka=services.kafka,
         state_log=services.state_log,
+        identities=services.identities,
     )
     tracing.configure(settings.traces_exporter, settings.service_name)
 

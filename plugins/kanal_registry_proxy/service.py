@@ -21,10 +21,11 @@ from typing import Any, cast
 import trio
 from prometheus_client import CollectorRegistry
 
-from kanal.api import CliContext, ConfigError, KafkaClient, StateLog
+from kanal.api import CliContext, ConfigError, Identities, KafkaClient, StateLog
 from kanal_registry_proxy.acl import AclLookup
 from kanal_registry_proxy.app import create_app
 from kanal_registry_proxy.auth_basic import BasicAuthenticator, CredentialsError
+from kanal_registry_proxy.auth_gateway import GatewayTokenAuthenticator
 from kanal_registry_proxy.auth_jwt import JwtAuthenticator
 from kanal_registry_proxy.authorization import Authorization, Mode, ReactiveMode, ReadOnlyMode, TopicAclMode
 from kanal_registry_proxy.httpserver import HttpServer
@@ -50,9 +51,11 @@ class ProxyService:
         kafka: KafkaClient | None = None,
         state_log: Callable[[str], StateLog] | None = None,
         owns_kafka: bool = False,
+        identities: Identities | None = None,
     ) -> None:
         """``kafka`` and ``state_log`` reach the backing cluster (needed by the topic-acl and the
-        reactive mode); with ``owns_kafka``, :meth:`serve` closes ``kafka`` when it ends."""
+        reactive mode); with ``owns_kafka``, :meth:`serve` closes ``kafka`` when it ends.
+        ``identities`` are the hosting gateway's (needed by ``AUTH_PROVIDER=gateway``)."""
         self.settings = settings
         self.kafka = kafka
         self.state_log = state_log
@@ -65,8 +68,12 @@ class ProxyService:
         except LicenseError as exc:
             raise ConfigError("VENDOR_LICENSE", str(exc)) from None
         self.metrics.license_expiry(self.license.expires_at)
-        self.authenticator: BasicAuthenticator | JwtAuthenticator
-        if settings.auth_provider == "basic":
+        self.authenticator: BasicAuthenticator | JwtAuthenticator | GatewayTokenAuthenticator
+        if settings.auth_provider == "gateway":
+            if identities is None:
+                raise ConfigError("AUTH_PROVIDER", "gateway needs the gateway to host the proxy (SRP_ENABLED=true)")
+            self.authenticator = GatewayTokenAuthenticator(identities, self.metrics)
+        elif settings.auth_provider == "basic":
             basic = BasicAuthenticator(
                 settings.basic_auth_location,
                 settings.basic_auth_reload_interval,

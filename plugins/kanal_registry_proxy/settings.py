@@ -18,7 +18,7 @@ from kanal.api import ConfigError
 
 log = logging.getLogger(__name__)
 
-AuthProvider = Literal["basic", "jwt"]
+AuthProvider = Literal["basic", "jwt", "gateway"]
 AuthorizationMode = Literal["reactive", "topic-acl", "read-only"]
 
 AUTHORIZATION_MODES: tuple[AuthorizationMode, ...] = ("reactive", "topic-acl", "read-only")
@@ -29,7 +29,7 @@ EVENTS_TOPIC = "_vendor_srp_events"
 VARIABLES: tuple[tuple[str, str, str], ...] = (
     ("VENDOR_LICENSE", "none (required)", "license token; checked once at startup"),
     ("VENDOR_LICENSE_PUBLIC_KEY", "none (required)", "Ed25519 public key (PEM text or file path) that verifies it"),
-    ("AUTH_PROVIDER", "none (required)", "basic or jwt"),
+    ("AUTH_PROVIDER", "none (required)", "basic, jwt or gateway (gateway tokens; hosted by the gateway only)"),
     ("AUTHORIZATION_MODE", "reactive", "reactive, topic-acl or read-only"),
     ("AUTH_USE_REACTIVE_CONFIG", "unset", "deprecated; true maps to reactive"),
     ("AUTHORIZATION_SUPER_USERS", "empty", "semicolon-separated principals that bypass every check"),
@@ -323,10 +323,16 @@ def load_settings(env: Mapping[str, str], *, hosted: bool = False) -> ProxySetti
         raise ConfigError("VENDOR_LICENSE_PUBLIC_KEY", "required: the Ed25519 public key that verifies VENDOR_LICENSE")
     provider = _get(env, "AUTH_PROVIDER")
     if provider is None:
-        raise ConfigError("AUTH_PROVIDER", "required: basic or jwt (the proxy has no default provider)")
+        raise ConfigError("AUTH_PROVIDER", "required: basic, jwt or gateway (the proxy has no default provider)")
     provider = provider.lower()
-    if provider not in ("basic", "jwt"):
-        raise ConfigError("AUTH_PROVIDER", f"expected basic or jwt, got {provider!r}")
+    if provider not in ("basic", "jwt", "gateway"):
+        raise ConfigError("AUTH_PROVIDER", f"expected basic, jwt or gateway, got {provider!r}")
+    if provider == "gateway" and not hosted:
+        raise ConfigError(
+            "AUTH_PROVIDER",
+            "gateway checks gateway tokens, so it needs the gateway to host the proxy"
+            " (SRP_ENABLED=true kanal run), not kanal registry-proxy",
+        )
     mode = authorization_mode(env, warnings)
     super_users = frozenset(
         name.strip() for name in (env.get("AUTHORIZATION_SUPER_USERS") or "").split(";") if name.strip()
@@ -349,7 +355,7 @@ def load_settings(env: Mapping[str, str], *, hosted: bool = False) -> ProxySetti
     return ProxySettings(
         license_token=token,
         license_public_key=read_pem(public_key, "VENDOR_LICENSE_PUBLIC_KEY"),
-        auth_provider="basic" if provider == "basic" else "jwt",
+        auth_provider="basic" if provider == "basic" else "gateway" if provider == "gateway" else "jwt",
         upstream=parse_upstream_registry(env),
         authorization_mode=mode,
         super_users=super_users,

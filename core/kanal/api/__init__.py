@@ -49,7 +49,16 @@ from kanal.api.results import (
     Respond,
     ResponseResult,
 )
-from kanal.api.services import GatewayServices, KafkaClient, LogRecord, Service, StateLog, TopicNames
+from kanal.api.services import (
+    GatewayServices,
+    Identities,
+    KafkaClient,
+    LogRecord,
+    Principal,
+    Service,
+    StateLog,
+    TopicNames,
+)
 from kanal.api.settings import FamilyCheck, Hint, SettingsFamily
 from kanal.protocol.api import ApiKey, api_name, require_request_class, response_class
 from kanal.protocol.api import request_class as request_class
@@ -101,6 +110,7 @@ __all__ = [
     "Headers",
     "HelperProcess",
     "Hint",
+    "Identities",
     "Interceptor",
     "InterceptorConfigError",
     "InterceptorSpec",
@@ -111,6 +121,7 @@ __all__ = [
     "LogRecord",
     "Manifest",
     "PartitionError",
+    "Principal",
     "Record",
     "RecordBatch",
     "RecordSet",

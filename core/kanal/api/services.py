@@ -21,7 +21,16 @@ if TYPE_CHECKING:
 
     from kanal.api.interceptor import InterceptorSpec
 
-__all__ = ["GatewayServices", "KafkaClient", "LogRecord", "Service", "StateLog", "TopicNames"]
+__all__ = [
+    "GatewayServices",
+    "Identities",
+    "KafkaClient",
+    "LogRecord",
+    "Principal",
+    "Service",
+    "StateLog",
+    "TopicNames",
+]
 
 
 class TopicNames(Protocol):
@@ -92,6 +101,26 @@ class StateLog(Protocol):
         """Closes the log's connections."""
 
 
+@dataclass(frozen=True, slots=True)
+class Principal:
+    """Who a client is, as the gateway's connections know it: the name interceptor scopes match as
+    ``username``, the groups it belongs to, its virtual cluster (None: the gateway's own cluster)."""
+
+    name: str
+    groups: tuple[str, ...] = ()
+    vcluster: str | None = None
+
+
+class Identities(Protocol):
+    """The gateway's service accounts and tokens, for a plugin that authenticates clients of its own
+    (an HTTP endpoint) with the same credentials Kafka clients use."""
+
+    def verify_token(self, username: str, token: str) -> Principal | None:
+        """The principal of a login with a gateway token (``POST /gateway/v2/token``) as the password,
+        or None when refused: a bad, expired or forged token, a token of another user, or no such
+        LOCAL service account. The reason goes to the gateway's log (never the token)."""
+
+
 class GatewayServices(Protocol):
     """The gateway as a plugin sees it."""
 
@@ -116,6 +145,10 @@ class GatewayServices(Protocol):
         """State this plugin shares between its plugin hooks and its interceptors on this gateway
         (one dict per plugin per gateway; empty at first). An interceptor finds here what its
         plugin built (compiled rules, a helper process) instead of in a module-global registry."""
+
+    @property
+    def identities(self) -> Identities:
+        """Checks credentials against the gateway's service accounts and tokens."""
 
     def settings(self, prefix: str) -> Mapping[str, str]:
         """The gateway's environment variables that start with ``prefix`` (``"DATA_QUALITY_"``).
