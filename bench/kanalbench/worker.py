@@ -63,7 +63,10 @@ def producer_config(bootstrap: str, **overrides: Any) -> dict[str, Any]:
     return config
 
 
-def produce(bootstrap: str, topic: str, size: int, records: int, payload: str = "bytes") -> dict[str, Any]:
+def produce(
+    bootstrap: str, topic: str, size: int, records: int, payload: str = "bytes", client: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """``client``: more librdkafka properties (security settings), for the producer and consumer alike."""
     from confluent_kafka import Producer
 
     failed: list[str] = []
@@ -72,7 +75,7 @@ def produce(bootstrap: str, topic: str, size: int, records: int, payload: str = 
         if err is not None:
             failed.append(str(err))
 
-    producer = Producer(producer_config(bootstrap), on_delivery=on_error)
+    producer = Producer(producer_config(bootstrap, **(client or {})), on_delivery=on_error)
     producer.list_topics(topic, timeout=10)  # connect and fetch metadata before the clock starts
     vals = values(size, payload)
     mask = DISTINCT_VALUES - 1
@@ -91,7 +94,14 @@ def produce(bootstrap: str, topic: str, size: int, records: int, payload: str = 
     return {"seconds": seconds, "records": records, "bytes": records * size}
 
 
-def consume(bootstrap: str, topic: str, records: int, partitions: int = 1, timeout: float = 120.0) -> dict[str, Any]:
+def consume(
+    bootstrap: str,
+    topic: str,
+    records: int,
+    partitions: int = 1,
+    timeout: float = 120.0,
+    client: dict[str, Any] | None = None,
+) -> dict[str, Any]:
     from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
     consumer = Consumer(
@@ -104,6 +114,7 @@ def consume(bootstrap: str, topic: str, records: int, partitions: int = 1, timeo
             # The default 1000 ms pause after the prefetch queue fills (Tansu answers 5 MB fetches) would
             # dominate a run of a second or two.
             "fetch.queue.backoff.ms": 10,
+            **(client or {}),
         }
     )
     try:

@@ -89,3 +89,13 @@ def test_pooled_clients_smoke_reports_both_modes_and_fewer_upstream_connections(
     # Pooled: the shared links, a link of its own per long-polling consumer, and the gateway's own
     # client (its bootstrap and broker connections, for metadata).
     assert pooled <= pool + clients + 2
+
+
+def test_sasl_throughput_smoke_compares_authenticated_and_plaintext_clients(tmp_path: Path) -> None:
+    proc, report = _bench(tmp_path, "sasl-throughput", "--size", "100", "--records", "500", "--repeats", "1")
+    assert "produce, sasl / plaintext" in proc.stdout
+    metrics = {(m["name"], m["unit"]): m for m in report["metrics"]}
+    for mode in ("plaintext", "sasl"):
+        produced = metrics[(f"produce, {mode}", "rec/s")]
+        assert len(produced["direct"]) == len(produced["gateway"]) == 1 and produced["gateway"][0] > 0
+    assert metrics[("consume, sasl / plaintext", "x")]["gateway"][0] > 0
