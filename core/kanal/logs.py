@@ -30,12 +30,22 @@ class JsonFormatter(logging.Formatter):
         return orjson.dumps(entry, default=str).decode()
 
 
+class TextFormatter(logging.Formatter):
+    """Readable lines; a client connection's line ends with its principal once it has one, so an
+    operator reading the plain log knows whose connection it was without the JSON fields."""
+
+    def __init__(self) -> None:
+        super().__init__("%(asctime)s %(levelname)-7s %(name)s: %(message)s")
+
+    def format(self, record: logging.LogRecord) -> str:
+        line = super().format(record)
+        principal = getattr(record, "principal", None)
+        return line if principal is None else f"{line} [principal={principal}]"
+
+
 def configure_logging(fmt: str = "text", level: str = "info") -> None:
     handler = logging.StreamHandler(sys.stderr)
-    if fmt == "json":
-        handler.setFormatter(JsonFormatter())
-    else:
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)-7s %(name)s: %(message)s"))
+    handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())

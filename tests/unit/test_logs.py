@@ -36,3 +36,14 @@ def test_exceptions_are_included() -> None:
             "x", logging.ERROR, __file__, 1, "failed", (), __import__("sys").exc_info()
         )
     assert "ValueError: boom" in json.loads(JsonFormatter().format(record))["exception"]
+
+
+def test_text_lines_name_the_connections_principal(capsys: pytest.CaptureFixture[str]) -> None:
+    configure_logging("text", "info")
+    log = logging.getLogger("kanal.test")
+    log.warning("closing client %s: %s", "10.0.0.1:5000", "bad frame", extra={"principal": "orders-app"})
+    log.warning("closing client %s: %s", "10.0.0.2:5000", "bad frame", extra={"principal": None})
+    first, second = capsys.readouterr().err.strip().splitlines()[-2:]
+    assert first.endswith("closing client 10.0.0.1:5000: bad frame [principal=orders-app]")
+    assert second.endswith("closing client 10.0.0.2:5000: bad frame")  # anonymous: nothing added
+    logging.getLogger().handlers.clear()
