@@ -26,7 +26,7 @@ from kanal.net.authentication import authenticators
 from kanal.net.channel import KafkaChannel
 from kanal.net.connection import ClientConnection, FrameTap
 from kanal.net.kafka_client import GatewayKafkaClient
-from kanal.net.tls import server_context, upstream_context
+from kanal.net.tls import CertificateRefused, certificate_principal, server_context, upstream_context
 from kanal.net.upstream import open_upstream
 from kanal.net.upstream_link import UpstreamLink
 from kanal.net.upstream_pool import UpstreamPool
@@ -350,7 +350,8 @@ class Gateway:
                     await trio.aclose_forcefully(stream)
                     return
         except (trio.BrokenResourceError, OSError) as exc:
-            log.info("client connection failed before its first request: %s", exc)
+            # (trio's error says nothing of its own: the TLS reason, a missing client certificate..., is its cause)
+            log.info("client connection failed before its first request: %s", exc.__cause__ or exc)
             await trio.aclose_forcefully(stream)
             return
         info = Connection(
@@ -359,7 +360,19 @@ class Gateway:
             listener_address=f"{local_host}:{local_port}",
             node_id=self.node_for_port(local_port),
         )
+        principal = None
+        if isinstance(stream, trio.SSLStream):  # mTLS: the certificate names the client, before any request
+            try:
+                principal = certificate_principal(self.settings, stream.getpeercert(binary_form=True))
+            except CertificateRefused as exc:
+                log.info("closing client %s: %s", info.client_address, exc)
+                self.authentication_outcome(info, "SSL", str(exc))
+                await trio.aclose_forcefully(stream)
+                return
         connection = ClientConnection(self, stream, info)
+        if principal is not None:
+            connection.identified(Identity(principal), "SSL")
+            self.authentication_outcome(info, "SSL", None)
         self.connections.add(connection)
         if self._idle.is_set():
             self._idle = trio.Event()
