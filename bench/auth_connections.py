@@ -36,6 +36,7 @@ import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 for path in (ROOT / "core", ROOT / "bench"):
@@ -70,7 +71,7 @@ def _exactly(sock: socket.socket, n: int) -> bytes:
     return bytes(data)
 
 
-def call(sock: socket.socket, request: bytes, api_key: int, version: int) -> object:
+def call(sock: socket.socket, request: bytes, api_key: int, version: int) -> Any:
     sock.sendall(request)
     size = struct.unpack(">i", _exactly(sock, 4))[0]
     return decode_response(api_key, version, _exactly(sock, size))

@@ -262,6 +262,22 @@ def test_booleans_are_zero_or_one() -> None:
     assert _scan(frame) == _check(frame)
 
 
+def test_a_duration_kio_cannot_hold_is_refused() -> None:
+    """kio holds a duration in 64-bit microseconds: OffsetCommit v3's retention time of more than
+    2**63 - 1 microseconds (about 292 years) would not decode, however Python's timedelta takes it."""
+    longest = (2**63 - 1) // 1000
+    request = build(require_request_class(8, 3), group_id="g", member_id="m", topics=())
+    frame = encode_request(request, 1, "c")
+    at = len(frame) - 4 - 8  # retention_time_ms, before the (empty) topics array
+    for ms, verdict in ((longest, None), (-longest, None), (longest + 1, "out of range"), (-longest - 1, "out")):
+        frame[at : at + 8] = struct.pack(">q", ms)
+        found = _check(frame)
+        assert found is None if verdict is None else (found is not None and verdict in found), (ms, found)
+        assert _scan(frame) == found
+        if found is None:
+            decode_request_body(8, 3, frame, parse_request_header(frame).body_offset)
+
+
 # --------------------------------------------------------------------------- the streamed check
 
 

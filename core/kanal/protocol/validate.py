@@ -108,6 +108,8 @@ _FIXED = {
 }
 # Fixed-size kinds with invalid values (for kio: booleans other than 0/1, out-of-range durations...).
 _CHECKED = {"bool": 1, "timedelta_i64": 8, "datetime_i64": 8, "error_code": 2}
+# kio's reader holds a duration in 64-bit microseconds: a longer one (about 292 years) does not decode.
+_DURATION_MS_MAX = (2**63 - 1) // 1000
 _VARLEN = ("string", "bytes", "records")
 _STRING_MAX = 0x7FFF  # Kafka's readers refuse longer strings
 _VARINT_MAX = 0x7FFFFFFF
@@ -268,10 +270,8 @@ def _check_value(kind: str, nullable: bool, buf: bytes | bytearray, pos: int) ->
             raise _Bad(f"unknown error code {code}")
     elif kind == "timedelta_i64":
         (ms,) = _I64(buf, pos)
-        try:
-            datetime.timedelta(milliseconds=ms)
-        except OverflowError:
-            raise _Bad(f"duration {ms} ms out of range") from None
+        if not -_DURATION_MS_MAX <= ms <= _DURATION_MS_MAX:
+            raise _Bad(f"duration {ms} ms out of range")
     else:  # datetime_i64
         (ms,) = _I64(buf, pos)
         if ms == -1 and nullable:
