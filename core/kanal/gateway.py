@@ -9,7 +9,7 @@ import os
 import socket
 import uuid
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import trio
@@ -18,9 +18,12 @@ from kanal.api.context import Connection
 from kanal.api.errors import UpstreamError
 from kanal.api.interceptor import Interceptor
 from kanal.api.services import Service
+from kanal.audit import AuditLog, node_source
 from kanal.config.settings import Settings
 from kanal.identity.accounts import ServiceAccounts
 from kanal.identity.directory import Directory
+from kanal.identity.groups import Groups
+from kanal.identity.scram_credentials import ScramCredentials
 from kanal.metrics import GatewayMetrics
 from kanal.net.authentication import authenticators
 from kanal.net.channel import KafkaChannel
@@ -91,9 +94,12 @@ class Gateway:
         )
         self.pipeline = Pipeline(registry, self.services_for, self._retire)
         self.service_accounts = ServiceAccounts()  # the GatewayServiceAccount resources applied
-        self.directory = Directory(self.service_accounts)
+        self.groups = Groups(on_change=self.pipeline.groups_changed)  # the GatewayGroup resources applied
+        self.directory = Directory(self.service_accounts, self.groups)
+        self.pipeline.groups_of = self.groups.of  # live connections follow membership changes
         self.core_services.identities = TokenIdentities(settings.user_pool_secret_key, self.service_accounts)
-        self._authenticators = authenticators(settings, self.service_accounts)
+        self.scram_credentials = ScramCredentials()  # the GatewayScramCredential resources applied
+        self._authenticators = authenticators(settings, self.service_accounts, self.scram_credentials)
         self.core_services.pipeline = self.pipeline
         self.pipeline.configure(settings.interceptors)
         self.core_rules = CoreRules(self.learn_brokers, self.topic_names, self.advertised_address)
@@ -119,7 +125,15 @@ class Gateway:
         # Companion services (admin API, state followers...) started once the listeners are up:
         # each is ``async def service(gateway, *, task_status)`` and runs until cancelled.
         self.services: list[Service] = []
+        if self._authenticators is not None:
+            self.services.extend(self._authenticators.services)  # OAUTHBEARER's JWKS refresher
         self.stopping = trio.Event()
+        # The audit log (GATEWAY_FEATURE_FLAGS_AUDIT): logins here, admin changes and plugins' decisions.
+        source = node_source(self.advertised_host, settings.port_start)
+        self.audit_log = AuditLog.for_gateway(settings, self.metrics, source)
+        self.core_services.audit_log = self.audit_log
+        if self.audit_log.enabled:
+            self.services.append(self.audit_log.run)
 
     @property
     def resolving_topic_names(self) -> ResolvingTopicNames:
@@ -169,12 +183,17 @@ class Gateway:
                 log.info("upstream broker %d is at %s:%d", node_id, *address)
                 self.brokers[node_id] = address
 
-    async def connect_upstream(self, node_id: int) -> KafkaChannel:
-        """A channel to the broker a client port stands for (a bootstrap server while unknown)."""
+    async def connect_upstream(self, node_id: int, *, relayed: bool = False) -> KafkaChannel:
+        """A channel to the broker a client port stands for (a bootstrap server while unknown).
+        ``relayed``: for a client that authenticates to the broker itself (KAFKA_MANAGED), so the
+        gateway's own SASL credentials are not used on it (TLS still is)."""
         address = self.brokers.get(node_id) or next(self._bootstrap)
+        upstream = self.settings.upstream
+        if relayed and upstream.uses_sasl:
+            upstream = replace(upstream, security_protocol="SSL" if upstream.uses_tls else "PLAINTEXT")
         return await open_upstream(
             address,
-            self.settings.upstream,
+            upstream,
             self.settings.upstream_connect_timeout_ms / 1000,
             self.settings.max_frame_size,
             self._upstream_tls,
@@ -183,7 +202,8 @@ class Gateway:
     async def open_link(self, node_id: int, *, shared: bool) -> UpstreamLink:
         """A new link to broker ``node_id``, counted in ``gateway_upstream_connections_active``."""
         try:
-            channel = await self.connect_upstream(node_id)
+            relayed = not shared and self.settings.security_mode == "kafka_managed"  # the client's own
+            channel = await self.connect_upstream(node_id, relayed=relayed)
         except ConnectionError:
             self.metrics.upstream_error()
             raise
@@ -204,6 +224,7 @@ class Gateway:
     def authentication_outcome(self, info: Connection, mechanism: str, failure: str | None) -> None:
         if failure is not None:
             self.metrics.failed_authentication(mechanism)
+        self.audit_log.authentication(info, failure)
 
     def authenticator(self, client_host: str) -> Authenticator | None:
         return self._authenticators(client_host) if self._authenticators is not None else None

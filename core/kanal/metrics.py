@@ -114,6 +114,18 @@ class GatewayMetrics:
             ["mechanism"],
             registry=r,
         )
+        self.audit_written = Counter(
+            "gateway_audit_events_written", "Audit events written to the audit log topic", registry=r
+        )
+        self.audit_dropped = Counter(
+            "gateway_audit_events_dropped",
+            "Audit events dropped, oldest first, because more waited to be written than the buffer holds"
+            " (the audit log topic unreachable)",
+            registry=r,
+        )
+        self.audit_pending = Gauge(
+            "gateway_audit_events_pending", "Audit events waiting to be written to the audit log topic", registry=r
+        )
         self.lifecycle: Histogram | None = None
         self._lifecycle_bound: dict[tuple[str, int, str], Histogram] = {}
 

@@ -14,9 +14,11 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
+from kanal.api.context import Connection
 from kanal.api.errors import UpstreamError
 from kanal.api.interceptor import InterceptorSpec
 from kanal.api.services import GatewayServices, Identities, KafkaClient, Principal, StateLog
+from kanal.audit import AuditLog
 from kanal.config.upstream import parse_upstream
 from kanal.identity.accounts import ServiceAccounts, user_pool_secret
 from kanal.identity.token_login import token_login
@@ -97,6 +99,7 @@ class CoreServices:
         self.kafka = kafka
         self.pipeline = pipeline
         self.identities: Identities = TokenIdentities(settings.user_pool_secret_key, ServiceAccounts())
+        self.audit_log: AuditLog | None = None  # the gateway's (plugins' events are dropped without one)
         self._plugins: dict[str, PluginServices] = {}
         self._nursery: trio.Nursery | None = None
         self._queued: list[tuple[Callable[..., Awaitable[Any]], tuple[Any, ...], str]] = []
@@ -199,3 +202,14 @@ class PluginServices(GatewayServices):
 
     def start_soon(self, fn: Callable[..., Awaitable[Any]], *args: Any, name: str | None = None) -> None:
         self._core.start_soon(fn, args, f"{self.plugin}: {name or getattr(fn, '__name__', 'task')}")
+
+    def audit(self, event_type: str, connection: Connection | None, event_data: Any) -> None:
+        audit_log = self._core.audit_log
+        if audit_log is None:
+            return
+        if connection is None:
+            audit_log.emit(
+                event_type, user=None, vcluster=None, local_address=None, remote_address=None, event_data=event_data
+            )
+        else:
+            audit_log.connection_event(event_type, connection, event_data)

@@ -147,7 +147,8 @@ class FakeIdentities:
 class FakeServices:
     """:class:`~kanal.api.GatewayServices` for tests, with what a plugin did kept for assertions:
     ``installed`` (the specs of every ``install`` call), ``logs`` (state logs by topic), ``tasks``
-    (started with ``start_soon``; :meth:`run_tasks` runs them)."""
+    (started with ``start_soon``; :meth:`run_tasks` runs them), ``audited`` (the ``audit`` calls:
+    event type, connection, event data)."""
 
     def __init__(
         self,
@@ -169,6 +170,7 @@ class FakeServices:
         self.logs: dict[str, MemoryStateLog] = {}
         self.tasks: list[tuple[Callable[..., Awaitable[Any]], tuple[Any, ...]]] = []
         self.connected: list[Mapping[str, str]] = []
+        self.audited: list[tuple[str, Connection | None, Any]] = []
 
     @property
     def cluster_id(self) -> str:
@@ -218,6 +220,9 @@ class FakeServices:
 
     def start_soon(self, fn: Callable[..., Awaitable[Any]], *args: Any, name: str | None = None) -> None:
         self.tasks.append((fn, args))
+
+    def audit(self, event_type: str, connection: Connection | None, event_data: Any) -> None:
+        self.audited.append((event_type, connection, event_data))
 
     async def run_tasks(self) -> None:
         """Runs the tasks started so far, concurrently, until they all return."""

@@ -233,6 +233,9 @@ class DataQualityInterceptor(Interceptor):
                     "reason": message,
                 },
             )
+            self.services.audit(
+                "DATA_QUALITY", ctx.connection, {"action": "BLOCKED", "topic": ctx.topic, "reason": message}
+            )
             return PartitionError(INVALID_RECORD, message)
         return None
 

@@ -1,9 +1,14 @@
-"""A SASL-terminating front for a Tansu broker, for testing the gateway's upstream SASL client.
+"""A SASL-terminating front for a Tansu broker: a broker that checks SCRAM passwords.
 
-Tansu speaks SCRAM with ``--authentication``, but with its in-memory storage no user can be created
-once authentication is on, so these tests put this small scripted endpoint in front of the broker
-instead: it answers SaslHandshake and SaslAuthenticate as a Kafka broker does (RFC 5802 SCRAM server
-side, or PLAIN), refuses anything else before authentication, then relays bytes to the broker.
+Tansu 0.6.0 speaks SCRAM with ``--authentication`` but cannot hold a SCRAM user: its storage
+engine (dynostore, the only one built into the shipped binary, behind both ``memory://`` and
+``s3://``) accepts AlterUserScramCredentials and stores nothing, and answers every credential lookup
+with "no such user". Tests that need a SCRAM login that succeeds (or a PLAIN one that checks the
+password, which Tansu does not) put this small scripted endpoint in front of a broker instead. It
+answers SaslHandshake and SaslAuthenticate as a Kafka broker does (RFC 5802 SCRAM server side, or
+PLAIN), relays ApiVersions before authentication and refuses anything else, then relays frames to
+the broker. With ``session_lifetime_ms`` it tells clients their session ends (KIP-368) and serves
+their re-authentication on the same connection, after the broker's answers owed before it.
 """
 
 from __future__ import annotations
@@ -18,13 +23,17 @@ import socketserver
 import ssl
 import struct
 import threading
+from collections.abc import Mapping
+from datetime import timedelta
 from typing import Any
 
 from kio.schema.errors import ErrorCode
 
-from kanal.protocol.api import response_class
 from kanal.protocol.entities import build
-from kanal.protocol.messages import decode_request, encode_response
+from kanal.protocol.headers import parse_request_header, produce_acks
+from kanal.protocol.messages import decode_request, encode_response, response_type
+
+_HANDSHAKE, _AUTHENTICATE, _API_VERSIONS, _PRODUCE = 17, 36, 18, 0
 
 
 def _read_frame(sock: socket.socket) -> bytes | None:
@@ -37,26 +46,33 @@ def _read_frame(sock: socket.socket) -> bytes | None:
 def _exactly(sock: socket.socket, n: int) -> bytes | None:
     data = b""
     while len(data) < n:
-        chunk = sock.recv(n - len(data))
+        try:
+            chunk = sock.recv(n - len(data))
+        except OSError:
+            return None
         if not chunk:
             return None
         data += chunk
     return data
 
 
-def _send(sock: socket.socket, body: Any, correlation_id: int) -> None:
-    frame = encode_response(body, correlation_id)
-    sock.sendall(struct.pack(">i", len(frame)) + frame)
+def _framed(frame: bytes | bytearray) -> bytes:
+    return struct.pack(">i", len(frame)) + frame
+
+
+def _saslname(text: str) -> str:
+    return text.replace("=2C", ",").replace("=3D", "=")
 
 
 class _Scram:
-    def __init__(self, mechanism: str, password: str) -> None:
+    def __init__(self, mechanism: str) -> None:
         self.hash = "sha256" if mechanism == "SCRAM-SHA-256" else "sha512"
         self.salt = os.urandom(16)
-        self.salted = hashlib.pbkdf2_hmac(self.hash, password.encode(), self.salt, 4096)
+        self.salted = b""
         self.first_bare = self.server_first = ""
 
-    def first(self, message: bytes) -> bytes:
+    def first(self, message: bytes, password: str) -> bytes:
+        self.salted = hashlib.pbkdf2_hmac(self.hash, password.encode(), self.salt, 4096)
         self.first_bare = message.decode().split(",", 2)[2]
         nonce = (
             dict(p.split("=", 1) for p in self.first_bare.split(","))["r"] + base64.b64encode(os.urandom(9)).decode()
@@ -79,20 +95,34 @@ class _Scram:
 
 
 class SaslFront:
-    """Listens on a free port; ``authenticated`` counts connections that passed SASL.
+    """Listens on a free port; ``authenticated`` counts successful logins (re-authentications
+    included), ``refused`` refused ones, ``logins`` lists who logged in, in order.
 
-    With ``tls``, connections are TLS first (Tansu 0.6.0's CLI refuses ``--cert`` together with
-    ``--key``, so it cannot serve TLS itself); with ``mechanism=None`` there is no SASL step.
+    ``users`` maps user names to passwords (``username``/``password`` add one more). With ``tls``,
+    connections are TLS first (Tansu 0.6.0's CLI refuses ``--cert`` together with ``--key``, so it
+    cannot serve TLS itself); with ``mechanism=None`` there is no SASL step.
     """
 
     def __init__(
-        self, mechanism: str | None, username: str = "", password: str = "", tls: ssl.SSLContext | None = None
+        self,
+        mechanism: str | None,
+        username: str = "",
+        password: str = "",
+        tls: ssl.SSLContext | None = None,
+        *,
+        users: Mapping[str, str] | None = None,
+        session_lifetime_ms: int = 0,
     ) -> None:
         self.tls = tls
         self.broker: tuple[str, int] = ("127.0.0.1", 0)  # set once the broker behind is started
-        self.mechanism, self.username, self.password = mechanism, username, password
+        self.mechanism = mechanism
+        self.users = dict(users or {})
+        if username:
+            self.users[username] = password
+        self.session_lifetime_ms = session_lifetime_ms
         self.authenticated = 0
         self.refused = 0
+        self.logins: list[str] = []
         front = self
 
         class Handler(socketserver.BaseRequestHandler):
@@ -115,63 +145,152 @@ class SaslFront:
             except (ssl.SSLError, OSError):
                 self.refused += 1
                 return
-        if self.mechanism is not None:
-            authenticated = self._authenticate(client)
-            if authenticated is None:  # refused and already counted
-                return
-            if not authenticated:
-                self.refused += 1
-                return
-        self.authenticated += 1
         upstream = socket.create_connection(self.broker)
-        threading.Thread(target=_pump, args=(upstream, client), daemon=True).start()
-        _pump(client, upstream)
+        try:
+            if self.mechanism is None:
+                self.authenticated += 1
+                threading.Thread(target=_pump, args=(upstream, client), daemon=True).start()
+                _pump(client, upstream)
+            else:
+                _Session(self, client, upstream).run()
+        finally:
+            for s in (client, upstream):
+                with contextlib.suppress(OSError):
+                    s.close()
 
-    def _authenticate(self, client: socket.socket) -> bool | None:
-        """True once authenticated; False when the client gave up or broke the exchange; None
-        when it was refused (counted here, before the answer goes out)."""
-        assert self.mechanism is not None
-        scram = _Scram(self.mechanism, self.password) if self.mechanism.startswith("SCRAM") else None
+
+class _Session:
+    """One client connection through the front: SASL answered here, the rest relayed in order."""
+
+    def __init__(self, front: SaslFront, client: socket.socket, upstream: socket.socket) -> None:
+        self.front = front
+        self.client = client
+        self.upstream = upstream
+        self.owed = 0  # requests relayed to the broker and not answered yet
+        self.lock = threading.Condition()
+
+    def _send_client(self, frame: bytes | bytearray) -> None:
+        with self.lock:
+            self.client.sendall(_framed(frame))
+
+    def _answer(self, body: Any, correlation_id: int) -> None:
+        self._send_client(encode_response(body, correlation_id))
+
+    def run(self) -> None:
+        # Before authentication: ApiVersions is relayed (one at a time), anything else but SASL closes.
+        frame = _read_frame(self.client)
+        while frame is not None and parse_request_header(frame).api_key == _API_VERSIONS:
+            self.upstream.sendall(_framed(frame))
+            answer = _read_frame(self.upstream)
+            if answer is None:
+                return
+            self._send_client(answer)
+            frame = _read_frame(self.client)
+        if frame is None or parse_request_header(frame).api_key != _HANDSHAKE or not self._exchange(frame):
+            return
+        threading.Thread(target=self._from_broker, daemon=True).start()
+        while (frame := _read_frame(self.client)) is not None:
+            header = parse_request_header(frame)
+            if header.api_key == _HANDSHAKE:  # re-authentication (KIP-368), after what is owed
+                with self.lock:
+                    self.lock.wait_for(lambda: self.owed == 0)
+                if not self._exchange(frame):
+                    return
+                continue
+            if header.api_key != _PRODUCE or produce_acks(frame, header) != 0:
+                with self.lock:
+                    self.owed += 1
+            try:
+                self.upstream.sendall(_framed(frame))
+            except OSError:
+                return
+
+    def _from_broker(self) -> None:
+        try:
+            while (frame := _read_frame(self.upstream)) is not None:
+                with self.lock:
+                    self.client.sendall(_framed(frame))
+                    self.owed -= 1
+                    self.lock.notify_all()
+        except OSError:
+            pass
+        finally:
+            with contextlib.suppress(OSError):
+                self.client.shutdown(socket.SHUT_RDWR)
+
+    def _exchange(self, handshake: bytes) -> bool:
+        """One SASL exchange from its handshake; True once the client is authenticated. After a
+        handshake v0 the mechanism's messages come and go as raw tokens, and a refusal just closes."""
+        front = self.front
+        assert front.mechanism is not None
+        header, body = decode_request(handshake)
+        ok = body.mechanism == front.mechanism
+        raw = header.api_version == 0
+        cls = response_type(_HANDSHAKE, header.api_version)
+        self._answer(
+            build(cls, error_code=ErrorCode(0 if ok else 33), mechanisms=(front.mechanism,)), header.correlation_id
+        )
+        if not ok:
+            return False
+        scram = _Scram(front.mechanism) if front.mechanism.startswith("SCRAM") else None
+        user: str | None = None
         step = 0
         while True:
-            frame = _read_frame(client)
+            frame = _read_frame(self.client)
             if frame is None:
                 return False
-            header, body = decode_request(frame)
-            key, version, corr = header.api_key, header.api_version, header.correlation_id
-            if key == 17:
-                ok = body.mechanism == self.mechanism
-                _send(
-                    client,
-                    build(
-                        response_class(17, version), error_code=ErrorCode(0 if ok else 33), mechanisms=(self.mechanism,)
-                    ),
-                    corr,
-                )
-                if not ok:
-                    return False
-            elif key == 36:
-                reply, done, failed = self._step(scram, step, bytes(body.auth_bytes))
-                step += 1
-                cls = response_class(36, version)
-                if failed:
-                    self.refused += 1  # counted before the answer, which the test may check at once
-                    _send(client, build(cls, error_code=ErrorCode(58), error_message="Authentication failed"), corr)
-                    return None
-                _send(client, build(cls, error_code=ErrorCode(0), auth_bytes=reply), corr)
-                if done:
-                    return True
+            if raw:
+                message = frame
             else:
-                return False  # a broker requiring SASL closes connections that skip it
+                header, body = decode_request(frame)
+                if header.api_key != _AUTHENTICATE:
+                    return False  # a broker requiring SASL closes connections that skip it
+                message = bytes(body.auth_bytes)
+            if step == 0:
+                user = self._user(message)
+            reply, done, failed = self._step(scram, step, message, user)
+            step += 1
+            if failed:
+                front.refused += 1  # counted before the answer, which the test may check at once
+            if raw:
+                if failed:
+                    return False
+                self._send_client(reply)
+            else:
+                cls = response_type(_AUTHENTICATE, header.api_version)
+                extra: dict[str, Any] = {}
+                if header.api_version >= 1:
+                    extra["session_lifetime"] = timedelta(milliseconds=front.session_lifetime_ms if done else 0)
+                if failed:
+                    refusal = build(cls, error_code=ErrorCode(58), error_message="Authentication failed", **extra)
+                    self._answer(refusal, header.correlation_id)
+                    return False
+                self._answer(build(cls, error_code=ErrorCode(0), auth_bytes=reply, **extra), header.correlation_id)
+            if done:
+                assert user is not None
+                front.authenticated += 1
+                front.logins.append(user)
+                return True
 
-    def _step(self, scram: _Scram | None, step: int, message: bytes) -> tuple[bytes, bool, bool]:
+    def _user(self, message: bytes) -> str | None:
+        try:
+            if self.front.mechanism == "PLAIN":
+                parts = message.split(b"\x00")
+                return parts[1].decode() if len(parts) == 3 else None
+            bare = message.decode().split(",", 2)[2]
+        except (UnicodeDecodeError, IndexError):
+            return None
+        return _saslname(bare.split(",")[0][2:]) if bare.startswith("n=") else None
+
+    def _step(self, scram: _Scram | None, step: int, message: bytes, user: str | None) -> tuple[bytes, bool, bool]:
+        password = self.front.users.get(user or "")
         if scram is None:
-            ok = message == b"\x00" + self.username.encode() + b"\x00" + self.password.encode()
+            ok = password is not None and message.split(b"\x00")[2] == password.encode()
             return b"", True, not ok
         if step == 0:
-            if f"n={self.username}," not in message.decode():
+            if password is None:
                 return b"", False, True
-            return scram.first(message), False, False
+            return scram.first(message, password), False, False
         final = scram.final(message)
         return (final or b""), True, final is None
 

@@ -31,6 +31,7 @@ from kanal.pipeline.registry import PluginRegistry
 USERS = "[{username: admin, password: secret, admin: true}, {username: viewer, password: look}]"
 ADMIN = {"Authorization": "Basic " + base64.b64encode(b"admin:secret").decode()}
 VIEWER = {"Authorization": "Basic " + base64.b64encode(b"viewer:look").decode()}
+CORE_KINDS = {"Interceptor", "GatewayServiceAccount", "GatewayScramCredential", "GatewayGroup"}
 WRONG = {"Authorization": "Basic " + base64.b64encode(b"admin:nope").decode()}
 
 
@@ -276,7 +277,10 @@ def test_scoped_interceptors_delete_by_scope_body_and_resolve_in_order() -> None
             answer = await client.post("/gateway/v2/interceptor/resolve", json=who, headers=ADMIN)
             return [(r["metadata"]["name"], r["spec"]["config"]["tag"]) for r in await answer.get_json()]
 
-        assert await chain({"username": "alice", "vCluster": "vc"}) == [("first", "x"), ("tag", "alice")]
+        # Scopes without vCluster are for clients in no virtual cluster (notes 1.4): alice of vc gets
+        # only the vc interceptor, alice of the passthrough cluster her own "tag".
+        assert await chain({"username": "alice", "vCluster": "vc"}) == [("first", "x")]
+        assert await chain({"username": "alice"}) == [("tag", "alice")]
         assert await chain({"username": "bob", "groups": ["g"]}) == [("tag", "global")]
         bad = await client.post("/gateway/v2/interceptor/resolve", json={"groups": "g"}, headers=ADMIN)
         assert bad.status_code == 400
@@ -295,7 +299,7 @@ def test_scoped_interceptors_delete_by_scope_body_and_resolve_in_order() -> None
 
 
 def test_config_file_interceptors_are_listed_read_only_and_conflicts_are_409() -> None:
-    static = [InterceptorSpec("from-file", "tagger", 5, Scope(), {"tag": "file"})]
+    static = [InterceptorSpec("from-file", "tagger", 5, Scope(vcluster="passthrough"), {"tag": "file"})]
 
     async def body(api: AdminApi, client: Client) -> None:
         listed = await (await client.get("/gateway/v2/interceptor", headers=ADMIN)).get_json()
@@ -331,7 +335,7 @@ def test_a_plugin_kind_gets_routes_persistence_and_status() -> None:
 
     async def body(api: AdminApi, client: Client) -> None:
         kinds = await (await client.get("/gateway/v2/resource-kinds", headers=VIEWER)).get_json()
-        assert {k["kind"] for k in kinds} == {"Interceptor", "GatewayServiceAccount", "Greeting"}
+        assert {k["kind"] for k in kinds} == {*CORE_KINDS, "Greeting"}
         hello = {"apiVersion": "gateway/v2", "kind": "Greeting", "metadata": {"name": "hi"}, "spec": {"text": "hello"}}
         created = await (await put(client, "/gateway/v2/greeting", hello)).get_json()
         assert created == {"resource": {**hello, "status": {"status": "Ready"}}, "upsertResult": "CREATED"}
@@ -432,7 +436,7 @@ def test_openapi_lists_every_route_with_templated_paths() -> None:
         assert "/gateway/v2/greeting" in paths and "/gateway/v2/greeting-count" in paths
         assert paths["/gateway/v2/greeting-count"]["get"]["summary"] == "How many greetings are stored."
         assert paths["/health/ready"]["get"]["security"] == []
-        assert set(document["components"]["schemas"]) == {"Interceptor", "GatewayServiceAccount", "Greeting"}
+        assert set(document["components"]["schemas"]) == {*CORE_KINDS, "Greeting"}
 
     run_admin(body)
 

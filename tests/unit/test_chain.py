@@ -7,7 +7,7 @@ from kanal.api import GatewayServices
 from kanal.api.hookspecs import hookimpl
 from kanal.api.interceptor import Interceptor, InterceptorConfigError, InterceptorSpec, Scope
 from kanal.api.results import Reject
-from kanal.pipeline.chain import Pipeline
+from kanal.pipeline.chain import PASSTHROUGH, Pipeline
 from kanal.pipeline.registry import PluginError, PluginRegistry
 from kanal.testing import FakeServices
 
@@ -141,6 +141,108 @@ def test_most_specific_scope_replaces_global(pipeline: Pipeline) -> None:
     assert tags == ["global", "vc"]
 
 
+def tags(
+    pipeline: Pipeline, username: str | None = None, groups: tuple[str, ...] = (), vcluster: str | None = None
+) -> list[str]:
+    return sorted(c.instance.tag for c in pipeline.resolve(username, groups, vcluster).interceptors)  # type: ignore[attr-defined]
+
+
+PASSTHROUGH_ONLY = Scope(vcluster=PASSTHROUGH)
+
+
+@pytest.mark.parametrize(
+    ("scope", "applies_to"),
+    [
+        (Scope(), {"anonymous", "alice", "team-member", "tenant-a", "alice@tenant-a", "team@tenant-a"}),
+        (PASSTHROUGH_ONLY, {"anonymous", "alice", "team-member"}),
+        (Scope(vcluster=PASSTHROUGH, username="alice"), {"alice"}),
+        (Scope(vcluster=PASSTHROUGH, group="team"), {"team-member"}),
+        (Scope(vcluster="tenant-a"), {"tenant-a", "alice@tenant-a", "team@tenant-a"}),
+        (Scope(vcluster="tenant-a", username="alice"), {"alice@tenant-a"}),
+        (Scope(vcluster="tenant-a", group="team"), {"team@tenant-a"}),
+        (Scope(username="alice"), {"alice", "alice@tenant-a"}),
+        (Scope(group="team"), {"team-member", "team@tenant-a"}),
+    ],
+    ids=[
+        "global",
+        "passthrough",
+        "passthrough-user",
+        "passthrough-group",
+        "vcluster",
+        "vcluster-user",
+        "vcluster-group",
+        "user-anywhere",
+        "group-anywhere",
+    ],
+)
+def test_each_scope_targets_exactly_its_connections(pipeline: Pipeline, scope: Scope, applies_to: set[str]) -> None:
+    """The targeting table: a scope's virtual cluster None is every virtual cluster, PASSTHROUGH is
+    the connections in none; group and username narrow it."""
+    connections: dict[str, tuple[str | None, tuple[str, ...], str | None]] = {
+        "anonymous": (None, (), None),
+        "alice": ("alice", (), None),
+        "team-member": ("bob", ("team",), None),
+        "tenant-a": ("carol", (), "tenant-a"),
+        "alice@tenant-a": ("alice", (), "tenant-a"),
+        "team@tenant-a": ("bob", ("team",), "tenant-a"),
+    }
+    pipeline.configure([spec("x", scope=scope, tag="x")])
+    assert {who for who, identity in connections.items() if tags(pipeline, *identity)} == applies_to
+
+
+def test_for_one_name_user_beats_group_beats_vcluster_beats_global(pipeline: Pipeline) -> None:
+    pipeline.configure(
+        [
+            spec("policy", scope=Scope(), tag="global"),
+            spec("policy", scope=Scope(vcluster="tenant-a"), tag="vcluster"),
+            spec("policy", scope=Scope(vcluster="tenant-a", group="team"), tag="group"),
+            spec("policy", scope=Scope(vcluster="tenant-a", username="alice"), tag="user"),
+        ]
+    )
+    assert tags(pipeline, "alice", ("team",), "tenant-a") == ["user"]
+    assert tags(pipeline, "bob", ("team",), "tenant-a") == ["group"]
+    assert tags(pipeline, "carol", (), "tenant-a") == ["vcluster"]
+    assert tags(pipeline, "alice", ("team",)) == ["global"]  # none of the tenant-a scopes: not in it
+
+
+def test_a_user_scope_for_every_vcluster_beats_a_group_of_that_vcluster(pipeline: Pipeline) -> None:
+    pipeline.configure(
+        [
+            spec("policy", scope=Scope(vcluster="tenant-a", group="team"), tag="group"),
+            spec("policy", scope=Scope(username="alice"), tag="user-anywhere"),
+        ]
+    )
+    assert tags(pipeline, "alice", ("team",), "tenant-a") == ["user-anywhere"]
+
+
+def test_at_one_level_the_scope_naming_the_vcluster_wins(pipeline: Pipeline) -> None:
+    pipeline.configure(
+        [
+            spec("policy", scope=Scope(), tag="global"),
+            spec("policy", scope=PASSTHROUGH_ONLY, tag="passthrough"),
+            spec("policy", scope=Scope(username="alice"), tag="alice-anywhere"),
+            spec("policy", scope=Scope(vcluster="tenant-a", username="alice"), tag="alice@tenant-a"),
+        ]
+    )
+    assert tags(pipeline) == ["passthrough"]
+    assert tags(pipeline, "carol", (), "tenant-b") == ["global"]
+    assert tags(pipeline, "alice", (), "tenant-a") == ["alice@tenant-a"]
+    assert tags(pipeline, "alice", (), "tenant-b") == ["alice-anywhere"]
+
+
+def test_between_two_groups_of_a_connection_the_first_in_alphabetical_order_wins(pipeline: Pipeline) -> None:
+    for order in ([("zeta", "z"), ("alpha", "a")], [("alpha", "a"), ("zeta", "z")]):
+        pipeline.configure([spec("policy", scope=Scope(group=group), tag=tag) for group, tag in order])
+        assert tags(pipeline, "bob", ("alpha", "zeta")) == ["a"]
+        assert tags(pipeline, "bob", ("zeta",)) == ["z"]
+
+
+def test_a_membership_change_moves_the_version_connections_check(pipeline: Pipeline) -> None:
+    before = pipeline.version
+    pipeline.groups_changed()
+    assert pipeline.version != before
+
+
 def test_catchall_forces_decoding_of_everything(pipeline: Pipeline) -> None:
     pipeline.configure([InterceptorSpec(name="all", plugin="catchall")])
     chain = pipeline.resolve()
@@ -151,8 +253,7 @@ def test_a_catchall_does_not_widen_what_narrow_interceptors_see(pipeline: Pipeli
     pipeline.configure([InterceptorSpec(name="all", plugin="catchall", priority=50), spec("narrow", 10, tag="n")])
     chain = pipeline.resolve()
     assert len(chain.requests_for(42)) == 1  # only the catch-all
-    names = [e.hook.__self__.__class__.__name__ for e in chain.requests_for(0)]
-    assert names == ["Recorder", "Catchall"]  # both, in priority order
+    assert [e.name for e in chain.requests_for(0)] == ["narrow", "all"]  # both, in priority order
 
 
 def test_responses_on_demand_are_not_decoded_for_every_request(pipeline: Pipeline) -> None:

@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from kanal.identity.scram_credentials import derive, from_dict, to_dict
+from kanal.identity.scram_credentials import ScramCredentials, derive, from_dict, matches, to_dict
 from kanal.protocol.sasl import ScramMechanism
 from kanal.protocol.sasl_mechanisms import Challenge, ScramServer, Success
 
@@ -51,7 +51,8 @@ def test_each_derivation_gets_its_own_salt() -> None:
     ("kwargs", "message"),
     [
         ({"mechanism": "SCRAM-SHA-1"}, "unknown SCRAM mechanism"),
-        ({"iterations": 4095}, "at least 4096"),
+        ({"iterations": 4095}, "4096 to 16384 iterations, got 4095"),
+        ({"iterations": 16385}, "4096 to 16384 iterations, got 16385"),
     ],
 )
 def test_derive_refuses_weak_or_unknown_settings(kwargs: dict[str, object], message: str) -> None:
@@ -59,14 +60,36 @@ def test_derive_refuses_weak_or_unknown_settings(kwargs: dict[str, object], mess
         derive("pw", **kwargs)  # type: ignore[arg-type]
 
 
-def test_more_iterations_are_allowed() -> None:
+def test_more_iterations_are_allowed_up_to_kafkas_bound() -> None:
     assert derive("pw", "SCRAM-SHA-256", iterations=8192).iterations == 8192
+    assert derive("pw", "SCRAM-SHA-256", iterations=16384).iterations == 16384
+
+
+def test_a_password_matches_only_the_credential_derived_from_it() -> None:
+    credential = derive("right", "SCRAM-SHA-512", iterations=4096)
+    assert matches("right", credential, "SCRAM-SHA-512")
+    assert not matches("wrong", credential, "SCRAM-SHA-512")
+    assert not matches("", credential, "SCRAM-SHA-512")
+    assert not matches("right", credential, "SCRAM-SHA-256")  # another hash, another key
+
+
+def test_login_names_are_unique_and_a_lookup_gives_the_account_vcluster() -> None:
+    sha512 = derive("pw", "SCRAM-SHA-512")
+    store = ScramCredentials()
+    refused = store.replace([("app", "tenant-a", {"SCRAM-SHA-512": sha512}), ("app", None, {"SCRAM-SHA-512": sha512})])
+    assert refused == [("app", None, "the SCRAM user name 'app' already belongs to the account in vCluster tenant-a")]
+    assert store.get("app", "SCRAM-SHA-512") == ("tenant-a", sha512)
+    assert store.get("app", "SCRAM-SHA-256") is None  # no credential for that mechanism
+    assert store.get("other", "SCRAM-SHA-512") is None
+    store.replace([])
+    assert store.get("app", "SCRAM-SHA-512") is None and len(store) == 0
 
 
 @pytest.mark.parametrize(
     ("change", "message"),
     [
         ({"iterations": 100}, "iterations"),
+        ({"iterations": 16385}, "iterations must be an integer from 4096 to 16384"),
         ({"iterations": True}, "iterations"),
         ({"storedKey": "AAAA"}, "storedKey must be 64 bytes"),
         ({"salt": "not base64!"}, "salt is not valid base64"),

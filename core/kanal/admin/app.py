@@ -2,8 +2,8 @@
 
 Routes: health (``/health/live``, ``/health/ready``), ``/versions``, ``/metrics``, ``/openapi.json``,
 the resource kinds' generic routes under ``/gateway/v2/<path>``, the interceptor resolver, the token
-route of service accounts, the plugin catalogue, and whatever plugins add through the
-``kanal_admin_routes`` hook.
+route of service accounts, the plugin catalogue, the audit log (``/gateway/v2/audit``), and whatever
+plugins add through the ``kanal_admin_routes`` hook.
 
 Every route except health, versions, metrics and the OpenAPI document needs HTTP Basic credentials of a
 ``GATEWAY_ADMIN_API_USERS`` user; changes need an ``admin: true`` user. With no users configured the
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -26,13 +26,14 @@ from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
 from kanal import __version__
-from kanal.admin.audit import audit, host_port
+from kanal.admin.audit import audit, audit_log_of, host_port
 from kanal.admin.identity import KIND as SERVICE_ACCOUNT
 from kanal.admin.identity import mint_token, service_accounts_of
 from kanal.admin.interceptors import plugin_catalogue, resolve
 from kanal.admin.metrics import HttpMetrics, route_template
 from kanal.admin.store import Change, ResourceStore
 from kanal.api.resources import KindRegistry, Manifest, ResourceError, ResourceKind, invalid, lookup
+from kanal.audit import ADMIN_API_CALL, AUTHENTICATION, AuditLog, BadFilter, parse_query
 from kanal.config.users import EXAMPLE, USERS_ENV, AdminUser, authenticate
 from kanal.protocol.records import record_walker
 
@@ -54,7 +55,8 @@ class AdminApi:
 
     ``route(rule, methods, read_only=...)`` registers a view behind the API's authentication: GET
     routes (and those marked ``read_only``) are open to every user, other methods to admin users only.
-    ``audit(action, **fields)`` records an admin change with the caller and their address.
+    ``audit(action, **fields)`` records an admin change with the caller and their address (in the
+    audit log, as an ``ADMIN_API_CALL`` event, and in the ``kanal.audit`` log lines).
     """
 
     gateway: GatewayHost
@@ -64,6 +66,7 @@ class AdminApi:
     app: QuartTrio = field(init=False)
     read_only_endpoints: set[str] = field(default_factory=set)
     http_metrics: HttpMetrics | None = None
+    audit_log: AuditLog | None = None  # the gateway's, unless given
 
     def route(
         self, rule: str, methods: Sequence[str] = ("GET",), *, read_only: bool | None = None
@@ -84,18 +87,34 @@ class AdminApi:
 
     def audit(self, action: str, **fields: Any) -> None:
         user = self.current_user()
+        client, listener = host_port(request.scope.get("client")), host_port(request.scope.get("server"))
         audit(
             "ADMIN_API",
             action,
             {
                 **fields,
                 "user": user.username if user else None,
-                "clientAddress": host_port(request.scope.get("client")),
-                "listenerAddress": host_port(request.scope.get("server")),
+                "clientAddress": client,
+                "listenerAddress": listener,
                 "method": request.method,
                 "path": request.path,
             },
         )
+        if self.audit_log is not None:
+            scope = fields.get("scope")
+            self.audit_log.emit(
+                ADMIN_API_CALL,
+                user=user.username if user else None,
+                vcluster=scope.get("vCluster") if isinstance(scope, Mapping) else None,
+                local_address=listener,
+                remote_address=client,
+                event_data={
+                    "action": action,
+                    **{k: v for k, v in fields.items() if v is not None},
+                    "method": request.method,
+                    "path": request.path,
+                },
+            )
 
 
 def json_response(body: Any, status: int = 200) -> Response:
@@ -138,6 +157,12 @@ def create_app(api: AdminApi, extra_routes: Iterable[Callable[[AdminApi], None]]
     app.config["MAX_CONTENT_LENGTH"] = 16 * 1024 * 1024
     api.app = app
     gateway, store, kinds = api.gateway, api.store, api.kinds
+    if api.audit_log is None:
+        api.audit_log = audit_log_of(gateway)
+    if api.audit_log is not None and api.users:
+        # this node answers GET /gateway/v2/audit from the whole fleet's events (not without users:
+        # then nobody may ask, and the gateway opens no connection for it)
+        api.audit_log.follow_topic()
     if api.http_metrics is None:
         api.http_metrics = HttpMetrics(gateway.metrics.registry)
     metrics = api.http_metrics
@@ -168,11 +193,21 @@ def create_app(api: AdminApi, extra_routes: Iterable[Callable[[AdminApi], None]]
             )
         user = authenticate(api.users, request.headers.get("Authorization"))
         if user is None:
+            client = host_port(request.scope.get("client"))
             audit(
                 "AUTHENTICATION",
                 "ADMIN_API_LOGIN",
-                {"result": "FAILURE", "clientAddress": host_port(request.scope.get("client")), "path": request.path},
+                {"result": "FAILURE", "clientAddress": client, "path": request.path},
             )
+            if api.audit_log is not None:
+                api.audit_log.emit(
+                    AUTHENTICATION,
+                    user=None,
+                    vcluster=None,
+                    local_address=host_port(request.scope.get("server")),
+                    remote_address=client,
+                    event_data="admin API: invalid credentials",
+                )
             return error_response(401, "Unauthorized", "valid HTTP Basic credentials of an admin API user are required")
         g.user = user
         if not user.admin and endpoint not in api.read_only_endpoints:
@@ -264,9 +299,27 @@ def create_app(api: AdminApi, extra_routes: Iterable[Callable[[AdminApi], None]]
         """Installed interceptor types: plugin, docs and config schema."""
         return json_response(plugin_catalogue(gateway.registry))
 
+    async def audit_events() -> Response:
+        """Audit events, newest first (filters: type, principal, from, to, limit).
+
+        Logins, admin changes and plugins' decisions of every gateway node of the cluster, from the
+        audit log topic (the most recent events of each type; older ones stay in the topic). ``type``:
+        one or more, comma-separated; ``principal``: the userName; ``from`` and ``to``: ISO-8601 or
+        epoch milliseconds, both included; ``limit``: 1 to 10000, 100 by default.
+        """
+        audit_log = api.audit_log
+        if audit_log is None or not audit_log.enabled:
+            raise ResourceError(404, "Not found", "the audit log is off (GATEWAY_FEATURE_FLAGS_AUDIT=false)")
+        try:
+            query = parse_query(request.args)
+        except BadFilter as exc:
+            raise ResourceError(400, "Invalid filter", str(exc)) from None
+        return json_response(audit_log.query(query))
+
     app.add_url_rule(f"{API_PREFIX}/resource-kinds", "resource_kinds", resource_kinds, methods=["GET"])
     app.add_url_rule(f"{API_PREFIX}/plugin", "plugins", plugins, methods=["GET"])
-    api.read_only_endpoints.update({"resource_kinds", "plugins"})
+    app.add_url_rule(f"{API_PREFIX}/audit", "audit", audit_events, methods=["GET"])
+    api.read_only_endpoints.update({"resource_kinds", "plugins", "audit"})
 
     interceptor = kinds.get("Interceptor")
     if interceptor is not None:

@@ -6,12 +6,17 @@ An Interceptor manifest::
     kind: Interceptor
     metadata:
       name: add-origin                 # same name + another scope = an override for that scope
-      scope: {vCluster: null, group: null, username: alice}   # optional; absent = global
+      scope: {username: alice}         # optional: see below
     spec:
       pluginClass: header-injection    # an installed interceptor type (``plugin`` is accepted too)
       priority: 100                    # lower runs first
       config: {headers: {x-origin: kanal}}
       comment: optional free text
+
+The scope's virtual cluster says which connections it targets: absent (or ``passthrough``), those in
+no virtual cluster; null (stored as ``"*"``), every virtual cluster; a name, that one. ``group`` or
+``username`` (never both) narrow it further. So a ``scope`` absent or ``{}`` is global for clients in
+no virtual cluster, and ``{vCluster: null, group: null, username: null}`` is global for all.
 
 Interceptors from the gateway's config file are listed too (read-only; a PUT of the same name and
 scope answers 409). Applying the stored set replaces the gateway's pipeline atomically; a stored
@@ -23,6 +28,7 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from kanal.api.interceptor import InterceptorConfigError, InterceptorSpec, Scope
@@ -38,13 +44,18 @@ from kanal.api.resources import (
     envelope,
     invalid,
 )
-from kanal.pipeline.chain import check
+from kanal.pipeline.chain import PASSTHROUGH, check
 from kanal.pipeline.registry import PluginRegistry
+from kanal.protocol.sasl_mechanisms import Identity
 
 if TYPE_CHECKING:
     from kanal.admin.host import GatewayHost
 
 SCOPE_FIELDS = ("vCluster", "group", "username")
+#: ``scope.vCluster`` of an interceptor for every virtual cluster, as stored (given as null): the
+#: stored form needs a value, since a scope without one targets the passthrough cluster only. No
+#: virtual cluster can be named so.
+EVERY_VCLUSTER = "*"
 
 SPEC_SCHEMA: Mapping[str, Any] = {
     "type": "object",
@@ -60,8 +71,10 @@ SPEC_SCHEMA: Mapping[str, Any] = {
 
 
 def scope_of(metadata: Mapping[str, Any]) -> Scope:
+    """The scope of a canonical manifest's metadata (see the module's docstring)."""
     scope = metadata.get("scope") or {}
-    return Scope(scope.get("vCluster"), scope.get("group"), scope.get("username"))
+    vcluster = scope.get("vCluster") or PASSTHROUGH
+    return Scope(None if vcluster == EVERY_VCLUSTER else vcluster, scope.get("group"), scope.get("username"))
 
 
 def spec_from_manifest(manifest: Mapping[str, Any]) -> InterceptorSpec:
@@ -77,9 +90,11 @@ def spec_from_manifest(manifest: Mapping[str, Any]) -> InterceptorSpec:
 
 def manifest_from_spec(kind: ResourceKind, spec: InterceptorSpec) -> Manifest:
     metadata: dict[str, Any] = {"name": spec.name}
+    vcluster = spec.scope.vcluster
+    stored_vcluster = EVERY_VCLUSTER if vcluster is None else None if vcluster == PASSTHROUGH else vcluster
     scope = {
         k: v
-        for k, v in (("vCluster", spec.scope.vcluster), ("group", spec.scope.group), ("username", spec.scope.username))
+        for k, v in (("vCluster", stored_vcluster), ("group", spec.scope.group), ("username", spec.scope.username))
         if v is not None
     }
     if scope:
@@ -105,6 +120,11 @@ def _canonical(manifest: Any, kind: ResourceKind) -> Manifest:
     for k, v in clean.items():
         if not isinstance(v, str):
             raise invalid(f"metadata.scope.{k} must be a string")
+    if "vCluster" in scope and scope["vCluster"] is None:
+        clean["vCluster"] = EVERY_VCLUSTER  # null: every virtual cluster (absent: passthrough only)
+    elif clean.get("vCluster") == PASSTHROUGH:
+        del clean["vCluster"]
+    clean = {k: clean[k] for k in SCOPE_FIELDS if k in clean}
     if "group" in clean and "username" in clean:
         raise invalid("metadata.scope: group and username cannot both be set")
     if clean:
@@ -128,6 +148,25 @@ def _canonical(manifest: Any, kind: ResourceKind) -> Manifest:
             raise invalid("spec.comment must be a string")
         out_spec["comment"] = comment
     return envelope(kind, out_meta, out_spec)
+
+
+@dataclass(frozen=True)
+class _InterceptorKind(ResourceKind):
+    """The Interceptor kind: a scope given to find one (a DELETE's body, a GET's query, ``kanal
+    delete -f`` of a manifest) reads as in a manifest, ``vCluster: null`` for every virtual cluster."""
+
+    def delete_metadata(self, name: str, body: Mapping[str, Any]) -> dict[str, Any]:
+        metadata = super().delete_metadata(name, body)
+        nested = body.get("scope")
+        given: Mapping[str, Any] = nested if isinstance(nested, Mapping) else body
+        scope = metadata.pop("scope", {})
+        if "vCluster" in given and given["vCluster"] is None:
+            scope["vCluster"] = EVERY_VCLUSTER
+        elif scope.get("vCluster") == PASSTHROUGH:
+            del scope["vCluster"]
+        if scope:
+            metadata["scope"] = scope
+        return metadata
 
 
 def interceptor_kind(gateway: GatewayHost) -> ResourceKind:
@@ -172,7 +211,7 @@ def interceptor_kind(gateway: GatewayHost) -> ResourceKind:
     def static() -> list[Manifest]:
         return [manifest_from_spec(kind, s) for s in static_specs]
 
-    kind = ResourceKind(
+    kind = _InterceptorKind(
         kind="Interceptor",
         path="interceptor",
         validate=validate,
@@ -201,24 +240,45 @@ def interceptor_kind(gateway: GatewayHost) -> ResourceKind:
 
 
 def resolve(gateway: GatewayHost, kind: ResourceKind, body: Any) -> list[Manifest]:
-    """The effective chain for ``{username, groups, vCluster}``, in the order it runs."""
+    """The effective chain, in the order it runs, for ``{username, vCluster, groups, externalGroups}``.
+
+    Without ``groups`` the answer is the one a connection of that principal gets: the principal
+    mapped through the service accounts (an EXTERNAL account's external name becomes the account)
+    and its GatewayGroups looked up, with ``externalGroups`` as the groups its credential claims.
+    With ``groups`` (GatewayGroup names), those are taken as they are, for a what-if.
+    """
+    from kanal.admin.groups import directory_of
+
     if body is None:
         body = {}
     if not isinstance(body, Mapping):
-        raise invalid("the body must be a JSON object {username, groups, vCluster}")
-    unknown = set(body) - {"username", "groups", "vCluster", "vcluster"}
+        raise invalid("the body must be a JSON object {username, vCluster, groups, externalGroups}")
+    unknown = set(body) - {"username", "groups", "externalGroups", "vCluster", "vcluster"}
     if unknown:
-        raise invalid(f"unknown field {sorted(unknown)[0]!r} (expected username, groups, vCluster)")
+        raise invalid(f"unknown field {sorted(unknown)[0]!r} (expected username, vCluster, groups, externalGroups)")
     username = body.get("username")
-    groups = body.get("groups") or []
+    groups = body.get("groups")
+    external = body.get("externalGroups") or []
     vcluster = body.get("vCluster", body.get("vcluster"))
     if username is not None and not isinstance(username, str):
         raise invalid("username must be a string")
-    if not isinstance(groups, list) or not all(isinstance(g, str) for g in groups):
-        raise invalid("groups must be a list of strings")
+    if groups is not None and (not isinstance(groups, list) or not all(isinstance(g, str) for g in groups)):
+        raise invalid("groups must be a list of strings (GatewayGroup names)")
+    if not isinstance(external, list) or not all(isinstance(g, str) for g in external):
+        raise invalid("externalGroups must be a list of strings (groups a credential claims)")
+    if groups is not None and external:
+        raise invalid("give groups (GatewayGroup names, taken as they are) or externalGroups, not both")
     if vcluster is not None and not isinstance(vcluster, str):
         raise invalid("vCluster must be a string")
-    chain = gateway.pipeline.resolve(username, tuple(groups), vcluster)
+    if vcluster in ("", PASSTHROUGH):
+        vcluster = None
+    if groups is not None:
+        chain = gateway.pipeline.resolve(username or None, tuple(sorted(set(groups))), vcluster)
+    elif username:
+        identity = directory_of(gateway).identify(Identity(username, tuple(external), vcluster))
+        chain = gateway.pipeline.resolve(identity.principal, tuple(identity.groups), identity.vcluster)
+    else:
+        chain = gateway.pipeline.resolve(None, (), vcluster)  # an anonymous client
     return [manifest_from_spec(kind, c.spec) for c in chain.interceptors]
 
 

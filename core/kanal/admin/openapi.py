@@ -22,6 +22,43 @@ _ERROR = {
 }
 
 
+_AUDIT_EVENT = {
+    "type": "object",
+    "description": "An audit event (CloudEvents-like), as written to the audit log topic",
+    "properties": {
+        "id": {"type": "string", "format": "uuid"},
+        "source": {"type": "string", "description": "the gateway node: kanal://<advertised host>:<first port>"},
+        "type": {"type": "string", "description": "AUTHENTICATION, ADMIN_API_CALL, or a plugin's (DATA_QUALITY...)"},
+        "authenticationPrincipal": {"type": "string", "description": "the virtual cluster, or passthrough"},
+        "userName": {"type": ["string", "null"]},
+        "connection": {
+            "type": "object",
+            "properties": {
+                "localAddress": {"type": ["string", "null"], "description": "host:port"},
+                "remoteAddress": {"type": ["string", "null"], "description": "host:port"},
+            },
+        },
+        "specVersion": {"type": "string", "const": "0.1.0"},
+        "time": {"type": "string", "format": "date-time"},
+        "eventData": {"description": "SUCCESS or a reason (AUTHENTICATION), the change (ADMIN_API_CALL)..."},
+    },
+}
+
+_TIME = {"type": "string", "description": "ISO-8601 (UTC without an offset) or epoch milliseconds"}
+_AUDIT_PARAMETERS = [
+    {"name": "type", "in": "query", "schema": {"type": "string"}, "description": "event types, comma-separated"},
+    {"name": "principal", "in": "query", "schema": {"type": "string"}, "description": "the userName"},
+    {"name": "from", "in": "query", "schema": _TIME, "description": "events at or after this time"},
+    {"name": "to", "in": "query", "schema": _TIME, "description": "events at or before this time"},
+    {
+        "name": "limit",
+        "in": "query",
+        "schema": {"type": "integer", "minimum": 1, "maximum": 10000, "default": 100},
+        "description": "how many of the newest events",
+    },
+]
+
+
 def _manifest_schema(kind: ResourceKind) -> dict[str, Any]:
     return {
         "type": "object",
@@ -88,7 +125,14 @@ def openapi_document(
                 if rule.endpoint not in read_only:
                     operation["responses"]["403"] = {"description": "the user is read-only"}
             kind = _kind_of(path, kinds)
-            if kind is not None and path == f"/gateway/v2/{kind.path}":
+            if path == "/gateway/v2/audit" and method == "GET":
+                operation["parameters"] = _AUDIT_PARAMETERS
+                operation["responses"]["200"] = {
+                    "description": "the events, newest first",
+                    "content": {"application/json": {"schema": {"type": "array", "items": _AUDIT_EVENT}}},
+                }
+                operation["responses"]["404"] = {"description": "the audit log is off"}
+            elif kind is not None and path == f"/gateway/v2/{kind.path}":
                 ref = {"$ref": f"#/components/schemas/{kind.kind}"}
                 if method == "PUT":
                     operation["parameters"] = [

@@ -8,7 +8,7 @@ the modules behind it may move, these names stay. First-party plugins use exactl
 - what hooks receive and answer: the contexts and the results (:class:`Respond`, :class:`Reject`,
   :class:`Close`, :class:`PartitionError`);
 - the gateway: :class:`GatewayServices` (cluster id, metrics, topic names, a Kafka client, settings,
-  installed interceptors, state logs, background tasks) and :class:`HelperProcess`;
+  installed interceptors, state logs, background tasks, the audit log) and :class:`HelperProcess`;
 - Kafka: :class:`ApiKey`, :class:`ErrorCode`, message builders (:func:`build`, :func:`nested`,
   :func:`has_field`, :func:`request_class`), the record API and the record walk;
 - the admin plane: resource kinds, the routes protocol, CLI commands;

@@ -3,8 +3,8 @@
 Interceptors get it as the second constructor argument, plugins in ``kanal_admin_resources``,
 ``kanal_admin_routes`` and ``kanal_gateway_services``. It is a protocol, not the gateway: a plugin sees
 the gateway's cluster id, metrics registry, topic names, its own Kafka client, settings, the
-interceptors it installs, state logs and background tasks, and nothing else. ``kanal.testing`` has an
-implementation without a gateway, for unit tests.
+interceptors it installs, state logs, background tasks and the audit log, and nothing else.
+``kanal.testing`` has an implementation without a gateway, for unit tests.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ import trio
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
 
+    from kanal.api.context import Connection
     from kanal.api.interceptor import InterceptorSpec
 
 __all__ = [
@@ -175,6 +176,15 @@ class GatewayServices(Protocol):
     def start_soon(self, fn: Callable[..., Awaitable[Any]], *args: Any, name: str | None = None) -> None:
         """Runs ``fn(*args)`` in the background until it returns or the gateway shuts down (it is then
         cancelled). An exception it raises is logged with ``name``, and does not stop the gateway."""
+
+    def audit(self, event_type: str, connection: Connection | None, event_data: Any) -> None:
+        """Records a decision in the gateway's audit log (the topic ``_kanal_<cluster>_auditlogs``,
+        served by ``GET /gateway/v2/audit``): ``event_type`` names it (``SAFEGUARD``,
+        ``DATA_QUALITY``...), ``connection`` is the client it concerns (its principal, virtual cluster
+        and addresses go into the event; None: no client), ``event_data`` is a string or a JSON-ready
+        value, never a secret. One event per decision (per request, not per record). It never waits:
+        events are buffered and written in the background; with GATEWAY_FEATURE_FLAGS_AUDIT=false it
+        does nothing."""
 
 
 class Service(Protocol):

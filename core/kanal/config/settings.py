@@ -19,6 +19,7 @@ from kanal.config.upstream import UpstreamSettings, parse_upstream
 from kanal.config.users import AdminUser, parse_users
 from kanal.identity.accounts import USER_POOL_SECRET_ENV, user_pool_secret
 from kanal.identity.principal_mapping import parse_rules
+from kanal.pipeline.chain import PASSTHROUGH
 from kanal.protocol.framing import DEFAULT_MAX_FRAME_SIZE
 
 GATEWAY_PREFIX = "GATEWAY_"
@@ -493,12 +494,14 @@ def parse_interceptors(items: Any) -> tuple[InterceptorSpec, ...]:
         if scope.get("group") is not None and scope.get("username") is not None:
             raise ConfigError(f"{where}.scope", "group and username cannot both be set")
         config = _check_mapping(item.get("config"), f"{where}.config")
+        # As in the admin API: no vCluster targets clients in no virtual cluster, null every one.
+        vcluster = scope.get("vCluster", scope.get("vcluster", PASSTHROUGH))
         specs.append(
             InterceptorSpec(
                 name=name,
                 plugin=plugin,
                 priority=priority,
-                scope=Scope(scope.get("vCluster", scope.get("vcluster")), scope.get("group"), scope.get("username")),
+                scope=Scope(vcluster, scope.get("group"), scope.get("username")),
                 config=dict(config),
             )
         )

@@ -23,4 +23,4 @@ def token_login(secret: bytes, accounts: ServiceAccounts, username: str, token: 
     account = accounts.get(username, claims.vcluster)
     if account is None or not account.local:
         return "no such LOCAL service account"
-    return Identity(username, vcluster=claims.vcluster, expires_at_ms=claims.expires_at * 1000)
+    return Identity(username, vcluster=claims.vcluster, expires_at_ms=claims.expires_at * 1000, local=True)

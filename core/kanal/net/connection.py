@@ -47,6 +47,7 @@ from kanal.protocol.messages import (
 from kanal.protocol.rewrite import carries_addresses
 from kanal.protocol.sasl_mechanisms import Identity
 from kanal.protocol.sasl_server import Action, Authenticator
+from kanal.protocol.sasl_sniff import SaslSniffer, UnrelayableExchange
 from kanal.protocol.scan import NEUTRAL_TAG, ResponseScan, has_node_endpoints, node_endpoints_entry, scans
 from kanal.protocol.session import ClientSession, Slot, stream_response
 from kanal.protocol.validate import MalformedRequest, RequestScan, validate_request
@@ -223,7 +224,10 @@ class ClientConnection:
         self._own: UpstreamLink | None = None
         self._pinned: UpstreamLink | None = None
         self._pool = gateway.upstream_pool(info.node_id)
-        self._relays_identity = False
+        # KAFKA_MANAGED: the broker authenticates the client, on the client's own link from its first
+        # request (a shared link is the gateway's, and so is its identity); the gateway watches.
+        self._sniff = SaslSniffer(settings.oauth_sub_claim_name) if settings.security_mode == "kafka_managed" else None
+        self._relays_identity = self._sniff is not None
         self._auth = gateway.authenticator(info.client_address.rpartition(":")[0])
         self._internal = 0  # interceptors' own requests in flight
         self._reading = True
@@ -261,10 +265,15 @@ class ClientConnection:
         self._read_scope.cancel()
 
     def chain(self) -> ResolvedChain:
-        """The chain for this connection, resolved again when the interceptors or the client's
-        identity (principal, groups, virtual cluster) change."""
+        """The chain for this connection, resolved again when the interceptors, the group
+        memberships or the client's identity (principal, groups, virtual cluster) change."""
         pipeline = self.gateway.pipeline
         info = self.info
+        if self._chain_version != pipeline.version and info.principal is not None:
+            # A GatewayGroup change moves the version too: the groups as they are now (a credential
+            # checked here, such as an OAuth token, may claim external groups).
+            credential = self._auth.identity if self._auth is not None else None
+            info.groups = pipeline.groups_of(info.principal, info.vcluster, credential.groups if credential else ())
         identity = (info.principal, info.groups, info.vcluster)
         if self._chain is None or self._chain_version != pipeline.version or self._identity != identity:
             self._chain = pipeline.resolve(*identity)
@@ -310,6 +319,11 @@ class ClientConnection:
         """A response from a link. When nothing needs it decoded, nothing is owed before it and the
         writer is idle, it is answered here and now, in the link's reader (one task switch less
         per request); otherwise the writer answers it in turn."""
+        if self._sniff is not None and pending.api_key in _SASL_APIS:
+            answer = self._sasl_answer(pending, frame)
+            if answer is None:
+                return
+            frame = answer
         if (
             pending.decode
             or self.writing
@@ -338,6 +352,45 @@ class ClientConnection:
         elif self.session.first_filled() or not self._reading:  # (draining: the writer ends it)
             self._writer_lot.unpark_all()
         self._reader_lot.unpark_all()
+
+    def _sasl_answer(self, pending: Pending, frame: bytearray) -> bytearray | None:
+        """The broker's answer in a relayed SASL exchange (KAFKA_MANAGED): once the broker accepts
+        the client, the connection takes the user name the exchange carried; a refusal is recorded.
+        Returns the answer for the client, or None when it was dealt with here: a raw token
+        (handshake v0) for the client, or a refused raw exchange, which closes the connection."""
+        assert self._sniff is not None
+        reply = self._sniff.response(pending.api_key, pending.api_version, frame)
+        login = reply.login
+        if login is not None:
+            if login.identity is not None:
+                self.identified(login.identity, login.mechanism)
+            elif login.failure is None:
+                log.warning(
+                    "client %s authenticated with the cluster (%s), but the gateway could not read its user"
+                    " name: the connection stays anonymous",
+                    self.info.client_address,
+                    login.mechanism,
+                    extra=self._fields(),
+                )
+            else:
+                log.info(
+                    "client %s failed authentication with the cluster as %r (%s): %s",
+                    self.info.client_address,
+                    login.user,
+                    login.mechanism,
+                    login.failure,
+                    extra=self._fields(),
+                )
+            self.gateway.authentication_outcome(self.info, login.mechanism, login.failure)
+        if reply.close:
+            why = login.failure if login is not None else "refused"
+            self.fill(pending, _AnsweredThenClose(f"SASL: the cluster refused the client: {why}"))
+            return None
+        if reply.raw:
+            pending.local = reply.frame
+            self.fill(pending, reply.frame)
+            return None
+        return reply.frame
 
     def fill(self, pending: Pending, response: object) -> None:
         """A response for ``pending`` is there (a frame, an error, or streamed): the writer may go."""
@@ -466,6 +519,10 @@ class ClientConnection:
             api_key = int.from_bytes(frame[:2], "big")
             if api_key not in _SASL_APIS and not auth.session_expired():
                 return False
+        if auth.prepare_bearer is not None:  # OAUTHBEARER: fetch the token's signing key if it is new
+            token = auth.bearer_token(frame)
+            if token is not None:
+                await auth.prepare_bearer(token)
         step = auth.feed(frame)
         if step.action is Action.FORWARD or step.action is Action.API_VERSIONS:
             return False
@@ -509,6 +566,14 @@ class ClientConnection:
     async def _handle_request(self, frame: bytearray, streamed_size: int | None = None) -> None:
         """Handles one request. With ``streamed_size``, ``frame`` is only the start of a large frame
         still arriving, which is forwarded while it arrives (only for requests no hook decodes)."""
+        sniff = self._sniff
+        if sniff is not None:
+            if sniff.failed:  # (a broker closes a connection whose authentication it refused)
+                raise _AnsweredThenClose("SASL: a request after the cluster refused the client's authentication")
+            if sniff.expects_raw_token:  # handshake v0: a raw token, carried to the broker wrapped
+                if streamed_size is not None:
+                    raise ProtocolViolation(f"a raw SASL token of {streamed_size} bytes")
+                frame = sniff.wrap(frame, self.info.client_id)
         header = parse_request_header(frame)
         api_key, version = header.api_key, header.api_version
         if request_class(api_key, version) is None and api_key != ApiKey.API_VERSIONS:
@@ -524,8 +589,14 @@ class ClientConnection:
         if streamed_size is None and decodes_request(chain, header, frame, self.gateway.topic_id_name):
             await self._intercept_request(frame, header, chain, started)
             return
+        secret = False  # the request carries credentials: not kept to answer it with an error
         if api_key in _SASL_APIS:
             self._relays_identity = True
+            if sniff is not None:
+                if streamed_size is not None:
+                    raise ProtocolViolation(f"a SASL request of {streamed_size} bytes")
+                frame = self._sniffed_request(frame)
+                secret = True
         link = await self._link(api_key)
         pending = None
         if api_key != ApiKey.PRODUCE or produce_acks(frame, header) != 0:
@@ -536,8 +607,8 @@ class ClientConnection:
                     api_key,
                     version,
                     header.client_id,
-                    decode=decodes_response(chain, api_key),
-                    frame=frame if streamed_size is None else None,
+                    decode=decodes_response(chain, api_key) or secret,  # (never streamed: watched)
+                    frame=frame if streamed_size is None and not secret else None,
                     started=started,
                     forwarded=time.perf_counter(),
                     dedicated=not link.shared,
@@ -550,6 +621,14 @@ class ClientConnection:
             check = RequestScan(header, streamed_size) if self._validate else None
             await link.send_streamed(self.client, streamed_size, frame, pending, wait_ms, check)
             self.gateway.metrics.streamed_request(api_key)
+
+    def _sniffed_request(self, frame: bytearray) -> bytearray:
+        """A SASL request of a relayed exchange (KAFKA_MANAGED), as it goes to the broker."""
+        assert self._sniff is not None
+        try:
+            return self._sniff.request(frame)
+        except UnrelayableExchange as exc:
+            raise ProtocolViolation(str(exc)) from None
 
     def _check(self, frame: bytearray, header: RequestHeader) -> None:
         """The protocol firewall (GATEWAY_FEATURE_FLAGS_VALIDATE_REQUESTS)."""
@@ -591,12 +670,15 @@ class ClientConnection:
                 pending.local = encode_response(outcome.answer, header.correlation_id)
                 self.fill(await self._owe(pending), pending.local)
             return
+        out = frame if outcome.request is original else encode_request(outcome.request, 0, header.client_id)
+        pending.request = outcome.request
         if api_key in _SASL_APIS:
             self._relays_identity = True
+            if self._sniff is not None:  # watched (so never streamed), its credentials not kept
+                out = self._sniffed_request(out)
+                pending.decode, pending.request = True, None
         link = await self._link(api_key)
-        pending.request = outcome.request
         pending.dedicated = not link.shared
-        out = frame if outcome.request is original else encode_request(outcome.request, 0, header.client_id)
         if expects:
             await self._owe(pending)
         pending.forwarded = time.perf_counter()
@@ -668,6 +750,8 @@ class ClientConnection:
         except UpstreamClosed as exc:
             self._closing(exc, logging.INFO)
             metrics.upstream_error()
+        except _AnsweredThenClose as exc:
+            self._closing(exc, logging.INFO)
         except (ProtocolViolation, FrameTooLarge, InvalidFrame) as exc:
             self._closing(exc)
         except CloseConnection as exc:
@@ -684,6 +768,8 @@ class ClientConnection:
         response = pending.response
         if response is _STREAMED:
             return None
+        if isinstance(response, _AnsweredThenClose):  # a refused raw SASL exchange (KAFKA_MANAGED)
+            raise response
         if isinstance(response, ConnectionError):
             if isinstance(response, UpstreamTimeout):
                 return self._timed_out(pending, response)

@@ -14,7 +14,7 @@ from typing import Any
 import pluggy
 
 from kanal.api.hookspecs import PROJECT, InterceptorHooks
-from kanal.api.interceptor import Interceptor, InterceptorConfigError, InterceptorSpec, validate_config
+from kanal.api.interceptor import Interceptor, InterceptorConfigError, InterceptorSpec, Scope, validate_config
 from kanal.api.services import GatewayServices
 from kanal.pipeline.registry import PluginRegistry
 from kanal.protocol.api import ApiKey
@@ -22,6 +22,18 @@ from kanal.protocol.api import ApiKey
 log = logging.getLogger(__name__)
 
 Hook = Callable[..., Any]
+
+#: The name scopes give the virtual cluster of the connections that are in none (the default one).
+PASSTHROUGH = "passthrough"
+
+#: The GatewayGroups a connection is in: (principal, virtual cluster, groups its credential claims)
+#: -> group names, sorted. The gateway sets :attr:`Pipeline.groups_of` to its group directory's.
+GroupsOf = Callable[[str, str | None, tuple[str, ...]], tuple[str, ...]]
+
+
+def _no_groups(principal: str, vcluster: str | None, claimed: tuple[str, ...]) -> tuple[str, ...]:
+    return ()
+
 
 _HOOK_NAMES = (
     "kanal_connection_opened",
@@ -203,7 +215,12 @@ class Pipeline:
     Interceptors come from several sources, each replaced as a whole: ``config`` (the config
     file), ``admin`` (the admin API's resources), and plugins that install interceptors of their
     own for resources they manage (a source named after the plugin). ``version`` changes whenever
-    any of them changes, so connections pick up a new chain on their next request without locks.
+    any of them changes, and when group memberships change (:meth:`groups_changed`), so connections
+    pick up a new chain, and their new groups (:attr:`groups_of`), on their next request without locks.
+
+    A scope's virtual cluster None means every virtual cluster; :data:`PASSTHROUGH` means the
+    connections in none (what an Interceptor manifest without ``scope.vCluster`` targets). For one
+    interceptor name the most specific matching scope replaces the others (:func:`_beats`).
     """
 
     def __init__(
@@ -216,6 +233,7 @@ class Pipeline:
         self.services_for = services_for
         self.retire = retire  # called with each interceptor replaced or removed, to be closed
         self.version = 0
+        self.groups_of: GroupsOf = _no_groups
         self._sources: dict[str, dict[tuple[str, Any], Configured]] = {}
         self._cache: dict[tuple[str | None, tuple[str, ...], str | None], ResolvedChain] = {}
 
@@ -263,6 +281,11 @@ class Pipeline:
             if id(item.instance) not in kept_now:
                 self.retire(item.instance)
 
+    def groups_changed(self) -> None:
+        """Group memberships changed: every connection works out its groups and chain again at its
+        next request (chains already resolved stay right for the groups they were resolved for)."""
+        self.version += 1
+
     def instances(self) -> list[Interceptor]:
         """Every live interceptor, of every source."""
         return [c.instance for items in self._sources.values() for c in items.values()]
@@ -276,17 +299,30 @@ class Pipeline:
     def resolve(
         self, username: str | None = None, groups: tuple[str, ...] = (), vcluster: str | None = None
     ) -> ResolvedChain:
-        """The effective chain: the most specific scope wins per interceptor name, then priority."""
+        """The effective chain of a connection of ``username``, in the GatewayGroups ``groups``, in
+        virtual cluster ``vcluster`` (None: in none): the most specific scope wins per interceptor
+        name, then the chain runs by priority."""
         key = (username, groups, vcluster)
         chain = self._cache.get(key)
         if chain is None:
+            where = PASSTHROUGH if vcluster is None else vcluster
             chosen: dict[str, Configured] = {}
             for item in (c for items in self._sources.values() for c in items.values()):
-                if not item.spec.scope.matches(username, groups, vcluster):
-                    continue
-                current = chosen.get(item.spec.name)
-                if current is None or item.spec.scope.specificity() > current.spec.scope.specificity():
-                    chosen[item.spec.name] = item
+                if item.spec.scope.matches(username, groups, where):
+                    current = chosen.get(item.spec.name)
+                    if current is None or _beats(item.spec.scope, current.spec.scope):
+                        chosen[item.spec.name] = item
             ordered = sorted(chosen.values(), key=lambda c: (c.spec.priority, c.spec.name))
             chain = self._cache[key] = build_chain(ordered)
         return chain
+
+
+def _beats(scope: Scope, other: Scope) -> bool:
+    """Whether ``scope`` replaces ``other`` (both matching one connection): username > group >
+    virtual cluster > global; at one level, a named virtual cluster over every virtual cluster; then
+    the group first in alphabetical order (so the winner never depends on configuration order)."""
+    rank = (scope.specificity(), scope.vcluster is not None)
+    other_rank = (other.specificity(), other.vcluster is not None)
+    if rank != other_rank:
+        return rank > other_rank
+    return (scope.group or "") < (other.group or "")

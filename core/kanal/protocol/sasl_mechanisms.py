@@ -25,6 +25,7 @@ from typing import Protocol
 
 SCRAM_HASHES = {"SCRAM-SHA-256": "sha256", "SCRAM-SHA-512": "sha512"}
 SCRAM_MIN_ITERATIONS = 4096  # Kafka's minimum (and default) for both SCRAM mechanisms
+SCRAM_MAX_ITERATIONS = 16384  # Kafka's maximum (AlterUserScramCredentials refuses more)
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,6 +37,9 @@ class Identity:
     groups: tuple[str, ...] = ()
     vcluster: str | None = None
     expires_at_ms: int | None = None
+    #: A LOCAL service account's own login (gateway token, SCRAM): its name is the account's, which
+    #: no EXTERNAL account's external names may rename.
+    local: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,8 +140,18 @@ class ScramCredential:
     server_key: bytes
 
 
-ScramLookup = Callable[[str], ScramCredential | None]
-"""username -> the stored credential for this mechanism, or None when the user has none."""
+@dataclass(frozen=True, slots=True)
+class ScramUser:
+    """A stored credential and who proving it makes the client (when that is more than the user
+    name, e.g. the user's virtual cluster)."""
+
+    credential: ScramCredential
+    identity: Identity
+
+
+ScramLookup = Callable[[str], ScramCredential | ScramUser | None]
+"""username -> the stored credential for this mechanism (with the identity it gives, or the user
+name alone), or None when the user has none."""
 
 _PRINTABLE = re.compile(r"[\x21-\x2b\x2d-\x7e]+")  # RFC 5802 "printable": no comma
 _SASLNAME_ESCAPE = re.compile(r"=(?!2C|3D)")
@@ -166,6 +180,7 @@ class _ScramState:
     server_first: str
     nonce: str
     credential: ScramCredential | None  # None: a user without credentials, answered with a fake exchange
+    identity: Identity
 
 
 class ScramServer:
@@ -211,7 +226,10 @@ class ScramServer:
         if isinstance(parsed, Failure):
             return parsed
         gs2_header, username, bare, client_nonce = parsed
-        credential = self._lookup(username)
+        found = self._lookup(username)
+        credential, identity = (
+            (found.credential, found.identity) if isinstance(found, ScramUser) else (found, Identity(username))
+        )
         if credential is not None and credential.iterations < self._min_iterations:
             return Failure(f"stored credential has {credential.iterations} iterations, below {self._min_iterations}")
         salt, iterations = (
@@ -221,7 +239,7 @@ class ScramServer:
         )
         nonce = client_nonce + self._nonce_factory()
         server_first = f"r={nonce},s={base64.b64encode(salt).decode()},i={iterations}"
-        self._state = _ScramState(gs2_header, username, bare, server_first, nonce, credential)
+        self._state = _ScramState(gs2_header, username, bare, server_first, nonce, credential, identity)
         return Challenge(server_first.encode())
 
     def _parse_client_first(self, text: str) -> tuple[str, str, str, str] | Failure:
@@ -288,7 +306,7 @@ class ScramServer:
         if not valid:
             return Failure("invalid proof")
         server_signature = self._hmac(credential.server_key, auth_message)
-        return Success(Identity(state.username), b"v=" + base64.b64encode(server_signature))
+        return Success(state.identity, b"v=" + base64.b64encode(server_signature))
 
 
 # --- OAUTHBEARER ---------------------------------------------------------------------------------

@@ -17,7 +17,7 @@ from __future__ import annotations
 import datetime
 import enum
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -142,6 +142,9 @@ class Authenticator:
         """The lifetime of the current session as told to the client; 0 when it does not end."""
         self.session_expires_at_ms: int | None = None
         """Epoch milliseconds when the session ends (None: never)."""
+        self.prepare_bearer: Callable[[str], Awaitable[None]] | None = None
+        """Set by the I/O layer's factory when it has work to do before an OAUTHBEARER token is fed
+        (fetching signing keys it lacks): awaited with the token :meth:`bearer_token` finds."""
         self._exchange: ServerMechanism | None = None
         self._started = False
         self._raw_tokens = False  # handshake v0: the mechanism's messages come without Kafka headers
@@ -171,7 +174,7 @@ class Authenticator:
         Lets the I/O layer make sure it has the token's signing key (fetching a JWKS it lacks)
         before feeding the frame; the validator itself is synchronous.
         """
-        if not isinstance(self._exchange, OAuthBearerServer) or self._started:
+        if self._exchange is None or self._exchange.name != OAuthBearerServer.name or self._started:
             return None
         token = self._auth_bytes(frame) if not self.expects_raw_token else bytes(frame)
         if token is None:
