@@ -38,6 +38,7 @@ from kanal.pipeline.core_rules import CoreRules
 from kanal.pipeline.registry import PluginRegistry
 from kanal.protocol.api import ApiKey
 from kanal.protocol.api import preload as preload_schemas
+from kanal.protocol.api_versions import RecentAnswers
 from kanal.protocol.rewrite import Address
 from kanal.protocol.sasl_mechanisms import Identity
 from kanal.protocol.sasl_server import Authenticator
@@ -99,6 +100,7 @@ class Gateway:
         self.pipeline.groups_of = self.groups.of  # live connections follow membership changes
         self.core_services.identities = TokenIdentities(settings.user_pool_secret_key, self.service_accounts)
         self.scram_credentials = ScramCredentials()  # the GatewayScramCredential resources applied
+        self.recent_api_versions = RecentAnswers()  # answers ApiVersions before a login
         self._authenticators = authenticators(settings, self.service_accounts, self.scram_credentials)
         self.core_services.pipeline = self.pipeline
         self.pipeline.configure(settings.interceptors)

@@ -17,6 +17,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, Topi
 from inprocess import bootstrap_of, inprocess_gateway
 from kafka import KafkaProducer
 from kafka.errors import KafkaError as KafkaPythonError
+from wire import WireClient
 
 from kanal.api.context import RecordsContext
 from kanal.api.hookspecs import hookimpl
@@ -25,6 +26,8 @@ from kanal.embedded import TansuBroker
 from kanal.gateway import Gateway
 from kanal.identity.accounts import AccountType, ServiceAccount
 from kanal.identity.tokens import mint
+from kanal.protocol.api import ApiKey, require_request_class
+from kanal.protocol.entities import build
 
 SECRET = secrets.token_bytes(32)
 
@@ -149,6 +152,25 @@ def test_a_client_that_does_not_authenticate_gets_nothing(gateway: Gateway) -> N
     plain = Producer({"bootstrap.servers": bootstrap_of(gateway), "message.timeout.ms": 3000})
     with pytest.raises(KafkaException):
         plain.list_topics(timeout=3)
+
+
+def test_before_a_login_api_versions_is_answered_as_just_before_without_an_upstream_connection(
+    gateway: Gateway,
+) -> None:
+    request = build(
+        require_request_class(ApiKey.API_VERSIONS, 3), client_software_name="wire", client_software_version="1"
+    )
+    registry = gateway.metrics.registry
+    first = WireClient(bootstrap_of(gateway))
+    answer = first.call(request, 7)  # the first goes upstream
+    assert answer.error_code == 0 and answer.api_keys
+    links = registry.get_sample_value("gateway_upstream_connections_active")
+    second = WireClient(bootstrap_of(gateway))
+    assert second.call(request, 8) == answer  # answered by the gateway, with the client's correlation id
+    assert registry.get_sample_value("gateway_upstream_connections_active") == links
+    # Anything else before the login still closes the connection.
+    second.send(build(require_request_class(ApiKey.METADATA, 12), topics=None), 9)
+    assert second.closed_by_peer()
 
 
 def test_kafka_python_logs_in_with_a_token_and_is_refused_with_a_bad_one(

@@ -28,6 +28,7 @@ from kanal.pipeline.core_rules import CoreRules
 from kanal.pipeline.decode import decodes_request, decodes_response
 from kanal.pipeline.dispatch import CloseConnection, Dispatcher, PartitionFailure, merge_partition_errors
 from kanal.protocol.api import ApiKey, api_name, request_class, response_class
+from kanal.protocol.api_versions import RecentAnswers
 from kanal.protocol.error_responses import error_response
 from kanal.protocol.framing import FrameReader, FrameTooLarge, InvalidFrame
 from kanal.protocol.headers import (
@@ -109,6 +110,11 @@ class ConnectionHost(Protocol):
 
     def upstream_pool(self, node_id: int) -> UpstreamPool | None:
         """The shared links to ``node_id``, or None when pooling is off."""
+        ...
+
+    @property
+    def recent_api_versions(self) -> RecentAnswers:
+        """ApiVersions answers clients got shortly before (answered from here before a login)."""
         ...
 
     def authenticator(self, client_host: str) -> Authenticator | None:
@@ -524,7 +530,9 @@ class ClientConnection:
             if token is not None:
                 await auth.prepare_bearer(token)
         step = auth.feed(frame)
-        if step.action is Action.FORWARD or step.action is Action.API_VERSIONS:
+        if step.action is Action.API_VERSIONS:
+            return await self._recent_api_versions(frame)
+        if step.action is Action.FORWARD:
             return False
         if step.authenticated:
             self._authenticated(auth)
@@ -539,6 +547,28 @@ class ClientConnection:
             self.fill(await self._owe(pending), pending.local)
         if step.action is Action.CLOSE:
             raise _AnsweredThenClose(f"SASL: {step.failure}")  # a refused login, or a session over
+        return True
+
+    def _sees_api_versions(self, header: RequestHeader, frame: bytearray) -> bool:
+        """Whether a hook of the chain (or a capture) sees ApiVersions requests or responses."""
+        chain = self.chain()
+        return (
+            self.gateway.tap is not None
+            or chain.decode_response(ApiKey.API_VERSIONS)
+            or decodes_request(chain, header, frame, self.gateway.topic_id_name)
+        )
+
+    async def _recent_api_versions(self, frame: bytearray) -> bool:
+        """ApiVersions before the login: answered as the broker answered shortly before, when the
+        gateway has such an answer and no hook sees it; True when answered (see RecentAnswers)."""
+        header = parse_request_header(frame)
+        answer = self.gateway.recent_api_versions.get(self.info.node_id, header.api_version, header.correlation_id)
+        if answer is None or self._sees_api_versions(header, frame):
+            return False
+        self.info.client_id = header.client_id
+        self.gateway.metrics.request(header.api_key, len(frame))
+        pending = Pending(self, header.correlation_id, header.api_key, header.api_version, None, local=answer)
+        self.fill(await self._owe(pending), answer)
         return True
 
     def _authenticated(self, auth: Authenticator) -> None:
@@ -781,7 +811,15 @@ class ClientConnection:
             metrics.stage("upstream", pending.api_key, "", time.perf_counter() - pending.forwarded)
         out = await self._process_response(pending, response)
         set_response_correlation_id(out, pending.client_corr)
+        if pending.api_key == ApiKey.API_VERSIONS and self._auth is not None and not self._auth.authenticated:
+            self._learn_api_versions(pending, out)
         return out
+
+    def _learn_api_versions(self, pending: Pending, answer: bytearray) -> None:
+        """Keeps an ApiVersions answer a client got before its login, unless a hook saw it."""
+        request = pending.frame
+        if request is not None and not self._sees_api_versions(parse_request_header(request), request):
+            self.gateway.recent_api_versions.learn(self.info.node_id, pending.api_version, answer)
 
     def _timed_out(self, pending: Pending, error: UpstreamTimeout) -> bytearray:
         """A retriable error where the client's library looks for one (REQUEST_TIMED_OUT)."""

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
@@ -27,3 +29,34 @@ def intersect(body: Any) -> Any | None:
             changed = True
         kept.append(entry)
     return replace(body, api_keys=tuple(kept)) if changed else None
+
+
+class RecentAnswers:
+    """The last ApiVersions answer the gateway gave per (broker, version), for a while.
+
+    A client of a listener that authenticates asks ApiVersions before it logs in. Answering it from
+    here spares the upstream connection such a client would otherwise open (an anonymous client
+    makes the gateway connect to nothing), and most of the cost of a new connection. The answer is
+    the one a client got shortly before, frame and all, so it is exactly what the broker would have
+    said then; after ``ttl`` seconds the next client's request goes upstream again and refreshes it.
+    Only successful answers are kept (error code 0: an unsupported version is always the broker's).
+    """
+
+    def __init__(self, ttl: float = 30.0, clock: Callable[[], float] = time.monotonic) -> None:
+        self._ttl = ttl
+        self._clock = clock
+        self._answers: dict[tuple[int, int], tuple[float, bytes]] = {}
+
+    def get(self, node_id: int, version: int, correlation_id: int) -> bytearray | None:
+        """The answer to a request for ``version`` to broker ``node_id``, or None (ask upstream)."""
+        found = self._answers.get((node_id, version))
+        if found is None or self._clock() - found[0] > self._ttl:
+            return None
+        frame = bytearray(found[1])
+        frame[:4] = correlation_id.to_bytes(4, "big", signed=True)
+        return frame
+
+    def learn(self, node_id: int, version: int, frame: bytes | bytearray) -> None:
+        """Keeps a response frame (header included) the client was sent."""
+        if len(frame) >= 6 and frame[4:6] == b"\x00\x00":
+            self._answers[(node_id, version)] = (self._clock(), bytes(frame))
