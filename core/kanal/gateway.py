@@ -223,10 +223,12 @@ class Gateway:
     def identify(self, credential: Identity) -> Identity:
         return self.directory.identify(credential)
 
-    def authentication_outcome(self, info: Connection, mechanism: str, failure: str | None) -> None:
+    def authentication_outcome(
+        self, info: Connection, mechanism: str, failure: str | None, user: str | None = None
+    ) -> None:
         if failure is not None:
             self.metrics.failed_authentication(mechanism)
-        self.audit_log.authentication(info, failure)
+        self.audit_log.authentication(info, failure, user)
 
     def authenticator(self, client_host: str) -> Authenticator | None:
         return self._authenticators(client_host) if self._authenticators is not None else None

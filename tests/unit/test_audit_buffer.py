@@ -260,10 +260,12 @@ def test_the_gateway_audits_every_login_with_the_clients_address() -> None:
     assert gw.audit_log.topic == "_kanal_eu_auditlogs" and gw.audit_log.run in gw.services
     info = Connection(3, "::1:53422", "127.0.0.1:7000", 111)
     gw.authentication_outcome(info, "PLAIN", "invalid credentials")
+    gw.authentication_outcome(info, "PLAIN", "invalid credentials", "intruder")
     info.principal, info.vcluster = "orders-app", "tenant-a"
     gw.authentication_outcome(info, "PLAIN", None)
-    success, failure = gw.audit_log.query(AuditQuery())
+    success, claimed, failure = gw.audit_log.query(AuditQuery())
     assert failure["eventData"] == "invalid credentials" and failure["userName"] is None
+    assert claimed["userName"] == "intruder"  # the name a refused client claimed
     assert failure["authenticationPrincipal"] == "passthrough"
     assert success["eventData"] == "SUCCESS" and success["userName"] == "orders-app"
     assert success["authenticationPrincipal"] == "tenant-a"

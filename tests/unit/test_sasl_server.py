@@ -416,3 +416,14 @@ def test_scram_text_garbage_fails_cleanly(first: str, final: str) -> None:
     if isinstance(outcome, Challenge):
         nonce = outcome.data.decode().split(",")[0][2:]
         assert not isinstance(server.step(f"c=biws,r={nonce},p={final}".encode()), Success)
+
+
+def test_a_refused_login_keeps_the_user_name_the_client_claimed_for_the_record() -> None:
+    auth = authenticator()
+    assert auth.claimed_user is None
+    action, response, _ = plain_login(auth, "alice", "not-her-password")
+    assert (action, response.error_code) == (Action.CLOSE, ErrorCode.sasl_authentication_failed)
+    assert auth.claimed_user == "alice"
+    auth = authenticator()
+    action, response, _ = scram_login(auth, "SCRAM-SHA-512", "nobody", "x")
+    assert action is Action.CLOSE and auth.claimed_user == "nobody"

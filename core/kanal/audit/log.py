@@ -170,9 +170,17 @@ class AuditLog:
             event_data=event_data,
         )
 
-    def authentication(self, connection: Connection, failure: str | None) -> None:
-        """A login (or re-authentication): ``SUCCESS``, or the reason it was refused."""
-        self.connection_event(AUTHENTICATION, connection, "SUCCESS" if failure is None else failure)
+    def authentication(self, connection: Connection, failure: str | None, user: str | None = None) -> None:
+        """A login (or re-authentication): ``SUCCESS``, or the reason it was refused; ``userName`` is
+        the connection's principal, else the user name the client claimed."""
+        self.emit(
+            AUTHENTICATION,
+            user=connection.principal or user,
+            vcluster=connection.vcluster,
+            local_address=connection.listener_address,
+            remote_address=connection.client_address,
+            event_data="SUCCESS" if failure is None else failure,
+        )
 
     def query(self, query: AuditQuery) -> list[dict[str, Any]]:
         """The newest events that match, newest first (this node's at once, others' once read)."""

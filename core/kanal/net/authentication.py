@@ -132,6 +132,10 @@ class _Guarded:
         self._failed = failed
         self._host = host
 
+    @property
+    def user(self) -> str | None:
+        return self._inner.user
+
     def start(self, message: bytes) -> Outcome:
         if self._failed.blocked(self._host):
             log.warning(

@@ -126,9 +126,12 @@ class ConnectionHost(Protocol):
         """The identity a connection carries for an authenticated credential."""
         ...
 
-    def authentication_outcome(self, info: Connection, mechanism: str, failure: str | None) -> None:
+    def authentication_outcome(
+        self, info: Connection, mechanism: str, failure: str | None, user: str | None = None
+    ) -> None:
         """Records a login (or re-authentication) of ``info`` with ``mechanism``: a success when
-        ``failure`` is None, else refused for that reason (never a secret)."""
+        ``failure`` is None, else refused for that reason (never a secret); ``user`` is the name the
+        client claimed, when known (a refused client has no principal)."""
         ...
 
 
@@ -387,7 +390,7 @@ class ClientConnection:
                     login.failure,
                     extra=self._fields(),
                 )
-            self.gateway.authentication_outcome(self.info, login.mechanism, login.failure)
+            self.gateway.authentication_outcome(self.info, login.mechanism, login.failure, login.user)
         if reply.close:
             why = login.failure if login is not None else "refused"
             self.fill(pending, _AnsweredThenClose(f"SASL: the cluster refused the client: {why}"))
@@ -537,7 +540,7 @@ class ClientConnection:
         if step.authenticated:
             self._authenticated(auth)
         if step.authenticated or step.failure is not None:
-            self.gateway.authentication_outcome(self.info, auth.mechanism or "unknown", step.failure)
+            self.gateway.authentication_outcome(self.info, auth.mechanism or "unknown", step.failure, auth.claimed_user)
         if step.response is not None:
             if auth.expects_raw_token or len(frame) < 8:
                 corr, api_key, version = 0, ApiKey.SASL_AUTHENTICATE, 0

@@ -74,6 +74,11 @@ class ServerMechanism(Protocol):
 
     name: str
 
+    @property
+    def user(self) -> str | None:
+        """The user name the client claimed, once read (None until then, or when the mechanism
+        carries none it could trust, as an unverified token): for logs and audit events of failures."""
+
     def start(self, message: bytes) -> Outcome:
         """Answers the client's first message."""
         ...
@@ -100,6 +105,7 @@ class PlainServer:
 
     def __init__(self, validate: PlainValidator) -> None:
         self._validate = validate
+        self.user: str | None = None
 
     def start(self, message: bytes) -> Outcome:
         parts = message.split(b"\x00")
@@ -111,6 +117,7 @@ class PlainServer:
             return Failure("malformed PLAIN message", "Invalid SASL/PLAIN response: not UTF-8")
         if not username:
             return Failure("empty username", "Authentication failed: username not specified")
+        self.user = username
         if not password:
             return Failure("empty password", "Authentication failed: password not specified")
         if authzid and authzid != username:
@@ -211,6 +218,7 @@ class ScramServer:
         self._min_iterations = min_iterations
         self._state: _ScramState | None = None
         self._done = False
+        self.user: str | None = None
 
     def _hmac(self, key: bytes, data: bytes) -> bytes:
         return hmac.new(key, data, self._hash).digest()
@@ -226,6 +234,7 @@ class ScramServer:
         if isinstance(parsed, Failure):
             return parsed
         gs2_header, username, bare, client_nonce = parsed
+        self.user = username
         found = self._lookup(username)
         credential, identity = (
             (found.credential, found.identity) if isinstance(found, ScramUser) else (found, Identity(username))
@@ -364,6 +373,7 @@ class OAuthBearerServer:
         self._validate = validate
         self._refused: str | None = None
         self._done = False
+        self.user: str | None = None  # a refused token's subject is not to be believed
 
     def start(self, message: bytes) -> Outcome:
         if self._done:

@@ -138,6 +138,8 @@ class Authenticator:
         """Who authenticated (kept during a re-authentication until it succeeds)."""
         self.mechanism: str | None = None
         """The mechanism of the current (or last successful) exchange."""
+        self.claimed_user: str | None = None
+        """The user name the client claimed in the last exchange (for the record of a failure)."""
         self.session_lifetime_ms = 0
         """The lifetime of the current session as told to the client; 0 when it does not end."""
         self.session_expires_at_ms: int | None = None
@@ -264,7 +266,9 @@ class Authenticator:
         exchange = self._exchange
         assert exchange is not None
         first, self._started = not self._started, True
-        return exchange.start(message) if first else exchange.step(message)
+        outcome = exchange.start(message) if first else exchange.step(message)
+        self.claimed_user = exchange.user
+        return outcome
 
     def _authenticate(self, frame: bytes | bytearray | memoryview) -> Step:
         header = _header(frame)
