@@ -17,11 +17,10 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, Topi
 from inprocess import bootstrap_of, inprocess_gateway
 from kafka import KafkaProducer
 from kafka.errors import KafkaError as KafkaPythonError
+from tagging import TagPlugin
 from wire import WireClient
 
-from kanal.api.context import RecordsContext
-from kanal.api.hookspecs import hookimpl
-from kanal.api.interceptor import Interceptor, InterceptorSpec, Scope
+from kanal.api.interceptor import InterceptorSpec, Scope
 from kanal.embedded import TansuBroker
 from kanal.gateway import Gateway
 from kanal.identity.accounts import AccountType, ServiceAccount
@@ -30,26 +29,6 @@ from kanal.protocol.api import ApiKey, require_request_class
 from kanal.protocol.entities import build
 
 SECRET = secrets.token_bytes(32)
-
-
-class TagOnFetch(Interceptor):
-    """Appends its configured tag to every fetched value (to see which interceptor applied)."""
-
-    plugin_name = "test-tag"
-
-    @hookimpl
-    def kanal_fetch_records(self, ctx: RecordsContext) -> None:
-        for batch in ctx.records.batches:
-            for record in batch.records():
-                if record.value is not None:
-                    record.value = record.value + self.config["tag"].encode()
-            batch.mark_changed()
-
-
-class TagPlugin:
-    @hookimpl
-    def kanal_interceptor_types(self) -> list[type[Interceptor]]:
-        return [TagOnFetch]
 
 
 @contextmanager

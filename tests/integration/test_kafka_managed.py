@@ -36,10 +36,9 @@ from kafka import KafkaConsumer, KafkaProducer
 from kafka import TopicPartition as KPTopicPartition
 from kafka.errors import KafkaError as KafkaPythonError
 from sasl_front import SaslFront
+from tagging import TagPlugin
 
-from kanal.api.context import RecordsContext
-from kanal.api.hookspecs import hookimpl
-from kanal.api.interceptor import Interceptor, InterceptorSpec, Scope
+from kanal.api.interceptor import InterceptorSpec, Scope
 from kanal.embedded import TansuBroker
 from kanal.gateway import Gateway
 from kanal.identity.accounts import AccountType, ServiceAccount
@@ -54,26 +53,6 @@ GATEWAY_USER, GATEWAY_PASSWORD = "kanal-gateway", "gateway-" + secrets.token_hex
 # Passwords with the characters SCRAM escapes, and unique enough to grep the logs for.
 PASSWORDS = {name: f"{name}-{secrets.token_hex(8)}=,é" for name in ("alice", "bob")}
 LIBRARIES = ["confluent-kafka", "kafka-python", "aiokafka"]
-
-
-class TagOnFetch(Interceptor):
-    """Appends its configured tag to every fetched value (to see whom it applied to)."""
-
-    plugin_name = "test-tag"
-
-    @hookimpl
-    def kanal_fetch_records(self, ctx: RecordsContext) -> None:
-        for batch in ctx.records.batches:
-            for record in batch.records():
-                if record.value is not None:
-                    record.value = record.value + self.config["tag"].encode()
-            batch.mark_changed()
-
-
-class TagPlugin:
-    @hookimpl
-    def kanal_interceptor_types(self) -> list[type[Interceptor]]:
-        return [TagOnFetch]
 
 
 class _Bootstrap:

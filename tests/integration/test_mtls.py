@@ -31,11 +31,10 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from inprocess import bootstrap_of, inprocess_gateway
 from kafka import KafkaConsumer, KafkaProducer
 from kafka import TopicPartition as KafkaPythonTopicPartition
+from tagging import TagPlugin
 
 from kanal.admin.identity import account_from_manifest
-from kanal.api.context import RecordsContext
-from kanal.api.hookspecs import hookimpl
-from kanal.api.interceptor import Interceptor, InterceptorSpec, Scope
+from kanal.api.interceptor import InterceptorSpec, Scope
 from kanal.embedded import TansuBroker
 from kanal.gateway import Gateway
 from kanal.identity.accounts import AccountType, ServiceAccount
@@ -54,26 +53,6 @@ metadata: {name: partner}
 spec: {type: EXTERNAL, externalNames: [partner-1]}
 """
 SECRET = secrets.token_bytes(32)
-
-
-class TagOnFetch(Interceptor):
-    """Appends its configured tag to every fetched value (to see which interceptor applied)."""
-
-    plugin_name = "test-tag"
-
-    @hookimpl
-    def kanal_fetch_records(self, ctx: RecordsContext) -> None:
-        for batch in ctx.records.batches:
-            for record in batch.records():
-                if record.value is not None:
-                    record.value = record.value + self.config["tag"].encode()
-            batch.mark_changed()
-
-
-class TagPlugin:
-    @hookimpl
-    def kanal_interceptor_types(self) -> list[type[Interceptor]]:
-        return [TagOnFetch]
 
 
 INTERCEPTORS = [

@@ -68,9 +68,11 @@ def produce(port: str, username: str, token: str) -> Any:
         }
     )
     producer.produce("registry-users", b"v", partition=0, on_delivery=lambda err, msg: outcome.append(err))
-    while not outcome and not any(e.code() == KafkaError._AUTHENTICATION for e in errors):
+    refused: list[Any] = []
+    while not outcome and not refused:
         producer.poll(0.1)
-    return outcome[0] if outcome else errors[-1]
+        refused = [e for e in errors if e.code() == KafkaError._AUTHENTICATION]
+    return outcome[0] if outcome else refused[0]  # (other errors, such as all brokers down, follow it)
 
 
 @pytest.mark.integration
