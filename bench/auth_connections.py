@@ -169,7 +169,7 @@ def store_scram_credential(admin: AdminHttp) -> bool:
         "apiVersion": "gateway/v2",
         "kind": "GatewayScramCredential",
         "metadata": {"name": USER},
-        "spec": {"mechanism": "SCRAM-SHA-512", "iterations": 4096, "password": PASSWORD},
+        "spec": {"mechanisms": ["SCRAM-SHA-512"], "iterations": 4096, "password": PASSWORD},
     }
     status, _ = admin.put("/gateway/v2/scram-credential", credential)
     return status == 200

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import jwt
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from kanal.identity.tokens import TokenClaims, TokenProblem, mint, verify
 from kanal.protocol.sasl_mechanisms import Identity, PlainServer, Success
@@ -70,3 +72,42 @@ def test_plain_with_a_token_gives_the_tokens_identity() -> None:
         Identity("app1", vcluster="tenant-a", expires_at_ms=(NOW + 60) * 1000)
     )
     assert not isinstance(PlainServer(validate).start(b"\x00app2\x00" + token.encode()), Success)
+
+
+def _pyjwt_verdict(token: str) -> TokenClaims | TokenProblem:
+    """What PyJWT makes of a token, in this module's terms: the oracle of the hand-written check."""
+    try:
+        claims = jwt.decode(
+            token,
+            SECRET,
+            algorithms=["HS256"],
+            options={"verify_exp": False, "verify_iat": False, "verify_nbf": False, "require": ["exp", "username"]},
+        )
+    except (jwt.InvalidSignatureError, jwt.InvalidAlgorithmError):
+        return TokenProblem.BAD_SIGNATURE
+    except jwt.InvalidTokenError:
+        return TokenProblem.MALFORMED
+    username, vcluster, expires = claims.get("username"), claims.get("vcluster"), claims.get("exp")
+    if not isinstance(username, str) or not username or not (vcluster is None or isinstance(vcluster, str)):
+        return TokenProblem.MALFORMED
+    if not isinstance(expires, int) or isinstance(expires, bool):
+        return TokenProblem.MALFORMED
+    return TokenProblem.EXPIRED if expires <= NOW else TokenClaims(username, vcluster, expires)
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.data())
+def test_the_check_accepts_nothing_pyjwt_refuses(data: st.DataObject) -> None:
+    user, vcluster = data.draw(st.sampled_from(["app1", "a"])), data.draw(st.sampled_from([None, "vc"]))
+    token = mint(user, vcluster, 60, SECRET, now=NOW)
+    assert verify(token, SECRET, now=NOW) == _pyjwt_verdict(token) == TokenClaims(user, vcluster, NOW + 60)
+    chars = list(token)
+    for _ in range(data.draw(st.integers(1, 3))):
+        at = data.draw(st.integers(0, len(chars) - 1))
+        chars[at] = data.draw(st.sampled_from("._-=+/ aAzZ09é"))
+    damaged = "".join(chars)
+    ours = verify(damaged, SECRET, now=NOW)
+    # Never more lenient than the reference: whatever passes here passes PyJWT with the same claims.
+    # (The check may refuse more: it reads base64url strictly, where PyJWT skips stray characters.)
+    if isinstance(ours, TokenClaims):
+        assert _pyjwt_verdict(damaged) == ours, damaged

@@ -45,6 +45,8 @@ __all__ = ["AuditLog", "audit_log_topic", "node_source"]
 
 BUFFER_SIZE = 10_000  # events waiting to be written; beyond, the oldest are dropped
 BATCH_SIZE = 500  # events per Produce
+LINGER = 0.1  # seconds the first event of a batch waits for others (measured: a Produce per login
+# event took a tenth of the gateway's CPU at 1,000 logins a second)
 READ_BACK = 50_000  # records read back from the end of the topic at startup
 FOLLOW_WAIT = 0.5  # seconds a read waits for new records
 DROP_WARNING_INTERVAL = 10.0
@@ -243,6 +245,8 @@ class AuditLog:
             while not self._pending:
                 self._wake = trio.Event()
                 await self._wake.wait()
+            if len(self._pending) < BATCH_SIZE:
+                await trio.sleep(LINGER)  # gather what follows: one Produce for many events
             try:
                 await self._write_batch()
             except Exception as exc:  # LogError, or a bug: the audit log never stops the gateway

@@ -4,15 +4,26 @@
 ``username``, ``vcluster`` (optional), ``iat`` and ``exp``, signed with the gateway's user-pool
 secret. Verifying needs no store lookup, which keeps a new connection cheap; the caller still
 checks that the service account exists (a deleted account's tokens must stop working).
+
+Tokens are minted with PyJWT, and checked here by hand: one HMAC and two small JSON documents.
+Measured, PyJWT's ``decode`` took about 80 us of the gateway's 870 us per new authenticated
+connection (bench/auth_connections.py); this check takes under 10 us. It accepts HS256 only and
+agrees with PyJWT on every token (tests/unit/test_identity_tokens.py uses it as the oracle).
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
 import enum
+import hashlib
+import hmac
 import time
 from dataclasses import dataclass
+from typing import Any
 
 import jwt
+import orjson
 
 ALGORITHM = "HS256"
 MIN_SECRET_BYTES = 32  # HS256 wants a key as long as its hash (RFC 7518 §3.2)
@@ -54,19 +65,35 @@ def mint(username: str, vcluster: str | None, lifetime_seconds: int, secret: byt
     return jwt.encode(claims, secret, algorithm=ALGORITHM)
 
 
+def _segment(text: str) -> bytes:
+    """A base64url segment of a JWT (unpadded, as RFC 7515 writes it)."""
+    return base64.b64decode(text + "=" * (-len(text) % 4), altchars=b"-_", validate=True)
+
+
+def _document(text: str) -> Any:
+    return orjson.loads(_segment(text))
+
+
 def verify(token: str, secret: bytes, now: float | None = None) -> TokenClaims | TokenProblem:
     """The claims of a valid token, or why it is not one. Only HS256 is accepted (no ``none``)."""
     _check_secret(secret)
+    signing_input, _, signature = token.rpartition(".")
+    header, dot, payload = signing_input.partition(".")
+    if not dot or "." in payload:
+        return TokenProblem.MALFORMED
     try:
-        claims = jwt.decode(
-            token,
-            secret,
-            algorithms=[ALGORITHM],
-            options={"verify_exp": False, "verify_iat": False, "verify_nbf": False, "require": ["exp", "username"]},
-        )
-    except (jwt.InvalidSignatureError, jwt.InvalidAlgorithmError):
-        return TokenProblem.BAD_SIGNATURE
-    except jwt.InvalidTokenError:
+        fields = _document(header)
+        if not isinstance(fields, dict):
+            return TokenProblem.MALFORMED
+        if fields.get("alg") != ALGORITHM:
+            return TokenProblem.BAD_SIGNATURE
+        expected = hmac.new(secret, signing_input.encode("ascii"), hashlib.sha256).digest()
+        if not hmac.compare_digest(expected, _segment(signature)):
+            return TokenProblem.BAD_SIGNATURE
+        claims = _document(payload)
+    except (ValueError, binascii.Error, UnicodeEncodeError):  # (orjson's JSONDecodeError is a ValueError)
+        return TokenProblem.MALFORMED
+    if not isinstance(claims, dict):
         return TokenProblem.MALFORMED
     username, vcluster, expires = claims.get("username"), claims.get("vcluster"), claims.get("exp")
     if not isinstance(username, str) or not username or not (vcluster is None or isinstance(vcluster, str)):
