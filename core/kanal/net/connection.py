@@ -467,7 +467,7 @@ class ClientConnection:
                     for frame in self._reader.feed(data):
                         if self.gateway.tap is not None:
                             self.gateway.tap(self.info, "c2g", frame)
-                        if self._auth is not None and await self._authenticating(frame):
+                        if self._auth is not None and not self._in_session(frame) and await self._authenticating(frame):
                             continue
                         await self._handle_request(frame)
                     partial = self._reader.peek_partial()
@@ -479,7 +479,7 @@ class ClientConnection:
                         frame = await receive_rest(self.client, *partial)
                         if self.gateway.tap is not None:
                             self.gateway.tap(self.info, "c2g", frame)
-                        if self._auth is not None and await self._authenticating(frame):
+                        if self._auth is not None and not self._in_session(frame) and await self._authenticating(frame):
                             continue
                         await self._handle_request(frame)
             except (FrameTooLarge, InvalidFrame, InvalidHeader, ProtocolViolation) as exc:
@@ -516,6 +516,18 @@ class ClientConnection:
             return False
         return not decodes_request(self.chain(), header, head, self.gateway.topic_id_name)
 
+    def _in_session(self, frame: bytearray) -> bool:
+        """An authenticated client's request in its session: none of the exchange's business (checked
+        without a coroutine, as it is for every request of such a client)."""
+        auth = self._auth
+        assert auth is not None
+        return (
+            auth.authenticated
+            and not auth.expects_raw_token
+            and int.from_bytes(frame[:2], "big") not in _SASL_APIS
+            and not auth.session_expired()
+        )
+
     async def _authenticating(self, frame: bytearray) -> bool:
         """The SASL exchange of a listener that authenticates its clients (GATEWAY_MANAGED): True
         when ``frame`` was part of it (answered here, never forwarded). Before authentication only
@@ -524,10 +536,6 @@ class ClientConnection:
         here."""
         auth = self._auth
         assert auth is not None
-        if auth.authenticated and not auth.expects_raw_token:
-            api_key = int.from_bytes(frame[:2], "big")
-            if api_key not in _SASL_APIS and not auth.session_expired():
-                return False
         if auth.prepare_bearer is not None:  # OAUTHBEARER: fetch the token's signing key if it is new
             token = auth.bearer_token(frame)
             if token is not None:
@@ -543,7 +551,7 @@ class ClientConnection:
             self.gateway.authentication_outcome(self.info, auth.mechanism or "unknown", step.failure, auth.claimed_user)
         if step.response is not None:
             if auth.expects_raw_token or len(frame) < 8:
-                corr, api_key, version = 0, ApiKey.SASL_AUTHENTICATE, 0
+                corr, api_key, version = 0, int(ApiKey.SASL_AUTHENTICATE), 0
             else:
                 api_key, version, corr = peek_request(frame)
             pending = Pending(self, corr, api_key, version, None, local=bytearray(step.response))
