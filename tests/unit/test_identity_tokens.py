@@ -111,3 +111,22 @@ def test_the_check_accepts_nothing_pyjwt_refuses(data: st.DataObject) -> None:
     # (The check may refuse more: it reads base64url strictly, where PyJWT skips stray characters.)
     if isinstance(ours, TokenClaims):
         assert _pyjwt_verdict(damaged) == ours, damaged
+
+
+@pytest.mark.parametrize("stray", ["+", "/", "="])
+def test_a_segment_outside_the_base64url_alphabet_is_malformed(stray: str) -> None:
+    token = mint("app1", "vc", 60, SECRET, now=NOW)
+    damaged = token[:-2] + stray + token[-1]
+    assert verify(damaged, SECRET, now=NOW) is TokenProblem.MALFORMED
+    assert _pyjwt_verdict(damaged) is TokenProblem.MALFORMED
+
+
+def test_only_the_canonical_spelling_of_the_signature_passes() -> None:
+    token = mint("app1", "vc", 60, SECRET, now=NOW)
+    alphabet = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_"
+    last = alphabet.index(token[-1])
+    # 32 bytes in 43 characters: the last one's two low bits are spare, so three other spellings decode alike.
+    for spare in (1, 2, 3):
+        other = token[:-1] + alphabet[last ^ spare]
+        assert verify(other, SECRET, now=NOW) is TokenProblem.BAD_SIGNATURE
+        assert not isinstance(_pyjwt_verdict(other), TokenClaims)

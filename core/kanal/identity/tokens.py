@@ -18,6 +18,7 @@ import binascii
 import enum
 import hashlib
 import hmac
+import re
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -65,8 +66,17 @@ def mint(username: str, vcluster: str | None, lifetime_seconds: int, secret: byt
     return jwt.encode(claims, secret, algorithm=ALGORITHM)
 
 
+_BASE64URL = re.compile(r"[A-Za-z0-9_-]*")
+
+
 def _segment(text: str) -> bytes:
-    """A base64url segment of a JWT (unpadded, as RFC 7515 writes it)."""
+    """A base64url segment of a JWT, unpadded as RFC 7515 writes it.
+
+    ``b64decode`` with ``altchars`` would also take ``+``, ``/`` and padding, which the reference
+    library refuses, so the alphabet is checked first.
+    """
+    if not _BASE64URL.fullmatch(text):
+        raise binascii.Error("not base64url")
     return base64.b64decode(text + "=" * (-len(text) % 4), altchars=b"-_", validate=True)
 
 
@@ -87,8 +97,11 @@ def verify(token: str, secret: bytes, now: float | None = None) -> TokenClaims |
             return TokenProblem.MALFORMED
         if fields.get("alg") != ALGORITHM:
             return TokenProblem.BAD_SIGNATURE
+        _segment(signature)  # (only the alphabet matters: the text is compared, below)
         expected = hmac.new(secret, signing_input.encode("ascii"), hashlib.sha256).digest()
-        if not hmac.compare_digest(expected, _segment(signature)):
+        # As text, so that only the canonical encoding passes (as in PyJWT): the last character of
+        # 32 bytes' base64 carries two spare bits, and four spellings would otherwise decode alike.
+        if not hmac.compare_digest(base64.urlsafe_b64encode(expected).rstrip(b"=").decode("ascii"), signature):
             return TokenProblem.BAD_SIGNATURE
         claims = _document(payload)
     except (ValueError, binascii.Error, UnicodeEncodeError):  # (orjson's JSONDecodeError is a ValueError)
