@@ -46,6 +46,7 @@ def test_gateway_authenticates_upstream(
     front.mechanism = mechanism
     fronted = _FrontedBroker(broker, front.address)
     env = {
+        "GATEWAY_SECURITY_PROTOCOL": "PLAINTEXT",
         "KAFKA_SECURITY_PROTOCOL": "SASL_PLAINTEXT",
         "KAFKA_SASL_MECHANISM": mechanism,
         "KAFKA_SASL_JAAS_CONFIG": "org.apache.kafka.common.security.scram.ScramLoginModule required "
@@ -104,6 +105,7 @@ def test_gateway_speaks_tls_to_the_cluster(tmp_path: Path, protocol: str, unique
     broker = TansuBroker(advertised=front.address, log_path=tmp_path / "tansu.log").start()
     front.broker = _split(broker.bootstrap)
     env = {
+        "GATEWAY_SECURITY_PROTOCOL": "PLAINTEXT",
         "KAFKA_SECURITY_PROTOCOL": protocol,
         "KAFKA_SSL_CA_LOCATION": str(ca),
         "KAFKA_SASL_MECHANISM": "SCRAM-SHA-512",

@@ -188,6 +188,7 @@ def test_upstream_sasl_from_jaas() -> None:
             "KAFKA_SASL_JAAS_CONFIG": "org.apache.kafka.common.security.scram.ScramLoginModule required "
             'username="alice" password="p\\"w";',
             "KAFKA_SSL_ENDPOINT_IDENTIFICATION_ALGORITHM": "",
+            "GATEWAY_SECURITY_PROTOCOL": "PLAINTEXT",
         }
     )
     u = s.upstream
@@ -200,6 +201,32 @@ def test_upstream_sasl_from_jaas() -> None:
     )
     assert u.uses_tls and u.uses_sasl and not u.ssl_check_hostname
     assert u.properties["ssl.endpoint.identification.algorithm"] == ""
+
+
+def test_an_unset_listener_protocol_is_the_clusters_and_a_sasl_cluster_keeps_authenticating() -> None:
+    s = build_settings(
+        {"KAFKA_SECURITY_PROTOCOL": "SASL_PLAINTEXT", "KAFKA_SASL_USERNAME": "u", "KAFKA_SASL_PASSWORD": "p"}
+    )
+    assert (s.security_protocol, s.security_mode) == ("sasl_plaintext", "kafka_managed")
+    plain = build_settings({})
+    assert (plain.security_protocol, plain.security_mode) == ("plaintext", None)
+    chosen = build_settings(
+        {
+            "KAFKA_SECURITY_PROTOCOL": "SASL_PLAINTEXT",
+            "KAFKA_SASL_USERNAME": "u",
+            "KAFKA_SASL_PASSWORD": "p",
+            "GATEWAY_SECURITY_PROTOCOL": "PLAINTEXT",
+        }
+    )
+    assert (chosen.security_protocol, chosen.security_mode) == ("plaintext", None)
+
+
+def test_an_inferred_tls_listener_without_certificates_fails_saying_where_the_protocol_came_from() -> None:
+    with pytest.raises(ConfigError) as failure:
+        build_settings({"KAFKA_SECURITY_PROTOCOL": "SSL"})
+    message = str(failure.value)
+    assert message.startswith("GATEWAY_SSL_CERTIFICATE_LOCATION")
+    assert "KAFKA_SECURITY_PROTOCOL" in message and "set GATEWAY_SECURITY_PROTOCOL" in message
 
 
 def test_explicit_sasl_user_password_variables() -> None:

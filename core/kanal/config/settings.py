@@ -216,8 +216,9 @@ OPTIONS: tuple[Option, ...] = (
         "GATEWAY_SECURITY_PROTOCOL",
         "security_protocol",
         _choice("plaintext", "ssl", "sasl_plaintext", "sasl_ssl"),
-        "plaintext",
-        "Client listener protocol: PLAINTEXT, SSL, SASL_PLAINTEXT or SASL_SSL (clients must authenticate).",
+        None,
+        "Client listener protocol: PLAINTEXT, SSL, SASL_PLAINTEXT or SASL_SSL (clients must authenticate)."
+        " Unset: the cluster's KAFKA_SECURITY_PROTOCOL (PLAINTEXT by default).",
     ),
     Option(
         "GATEWAY_SECURITY_MODE",
@@ -226,7 +227,8 @@ OPTIONS: tuple[Option, ...] = (
         None,
         "Who authenticates clients of a SASL listener: GATEWAY_MANAGED (the gateway, with its tokens)"
         " or KAFKA_MANAGED (the cluster: each client's SASL exchange is relayed to the broker on a"
-        " connection of its own). Unset: GATEWAY_MANAGED.",
+        " connection of its own). Unset: KAFKA_MANAGED when GATEWAY_SECURITY_PROTOCOL is unset and the"
+        " cluster's protocol is SASL_*, else GATEWAY_MANAGED.",
     ),
     Option(
         "GATEWAY_AUTHENTICATION_CONNECTION_MAX_REAUTH_MS",
@@ -387,6 +389,8 @@ class Settings:
     log_format: str = "text"
     log_level: str = "info"
     security_protocol: str = "plaintext"
+    #: GATEWAY_SECURITY_PROTOCOL was unset and taken from KAFKA_SECURITY_PROTOCOL (for messages).
+    security_protocol_inferred: bool = False
     ssl_certificate_location: str | None = None
     ssl_key_location: str | None = None
     ssl_key_password: str | None = None
@@ -623,15 +627,31 @@ def build_settings(
         except ValueError as exc:
             raise ConfigError(where, str(exc)) from None
     known.check_families(env)
+    upstream = parse_upstream(env, _check_mapping(doc.get("kafka"), "kafka"))
+    if "security_protocol" not in values:
+        # As the notes describe: the clients speak what the cluster speaks, and a cluster that
+        # authenticates its clients keeps doing so (KAFKA_MANAGED) unless the mode says otherwise.
+        values["security_protocol"] = upstream.security_protocol.lower()
+        values["security_protocol_inferred"] = True
+        if upstream.uses_sasl and "security_mode" not in values:
+            values["security_mode"] = "kafka_managed"
     settings = Settings(
         **values,
         feature_flags=flags,
-        upstream=parse_upstream(env, _check_mapping(doc.get("kafka"), "kafka")),
+        upstream=upstream,
         interceptors=parse_interceptors(doc.get("interceptors")),
     )
     _check_tls(settings)
     _check_security(settings)
     return settings
+
+
+def _protocol_named(settings: Settings) -> str:
+    """``SASL_SSL``, or ``SASL_SSL (unset, so the cluster's KAFKA_SECURITY_PROTOCOL)``, for messages."""
+    protocol = settings.security_protocol.upper()
+    if settings.security_protocol_inferred:
+        return f"{protocol} (unset, so KAFKA_SECURITY_PROTOCOL's; set GATEWAY_SECURITY_PROTOCOL to choose)"
+    return protocol
 
 
 def _check_security(settings: Settings) -> None:
@@ -640,12 +660,13 @@ def _check_security(settings: Settings) -> None:
     sasl = protocol.startswith("SASL_")
     if settings.security_mode == "kafka_managed" and not sasl:
         raise ConfigError(
-            "GATEWAY_SECURITY_MODE", f"KAFKA_MANAGED needs a SASL listener, but GATEWAY_SECURITY_PROTOCOL is {protocol}"
+            "GATEWAY_SECURITY_MODE",
+            f"KAFKA_MANAGED needs a SASL listener, but GATEWAY_SECURITY_PROTOCOL is {_protocol_named(settings)}",
         )
     if sasl and settings.security_mode != "kafka_managed" and not settings.user_pool_secret_key:
         raise ConfigError(
             USER_POOL_SECRET_ENV,
-            f"required when GATEWAY_SECURITY_PROTOCOL is {protocol} and GATEWAY_SECURITY_MODE is"
+            f"required when GATEWAY_SECURITY_PROTOCOL is {_protocol_named(settings)} and GATEWAY_SECURITY_MODE is"
             " GATEWAY_MANAGED (it signs the tokens clients log in with)",
         )
 
@@ -657,8 +678,6 @@ def _check_tls(settings: Settings) -> None:
             ("ssl_key_location", "GATEWAY_SSL_KEY_LOCATION"),
         ):
             if not getattr(settings, attr):
-                raise ConfigError(
-                    env, f"required when GATEWAY_SECURITY_PROTOCOL is {settings.security_protocol.upper()}"
-                )
+                raise ConfigError(env, f"required when GATEWAY_SECURITY_PROTOCOL is {_protocol_named(settings)}")
     if settings.ssl_client_auth != "none" and not settings.ssl_ca_location:
         raise ConfigError("GATEWAY_SSL_CA_LOCATION", "required when GATEWAY_SSL_CLIENT_AUTH is set")
