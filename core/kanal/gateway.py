@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import gc
 import itertools
 import logging
@@ -46,6 +47,9 @@ from kanal.protocol.topic_names import TopicNames
 from kanal.services import CoreServices, PluginServices, ResolvingTopicNames, TokenIdentities
 
 log = logging.getLogger(__name__)
+# accept(2) failing for lack of descriptors or memory: the listener waits and goes on (as trio's
+# serve_listeners does) rather than the gateway stopping.
+_ACCEPT_CAPACITY_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS})
 
 
 @dataclass(frozen=True)
@@ -322,11 +326,14 @@ class Gateway:
                 # Cancelled when shutdown starts: the listeners close, so a new connection is
                 # refused rather than accepted and reset. Connections live in the outer nursery.
                 with self._accepting:
-                    await trio.serve_listeners(
-                        self._handle, listeners, handler_nursery=nursery, task_status=task_status
-                    )
+                    async with trio.open_nursery() as accepting:
+                        for listener in listeners:
+                            accepting.start_soon(self._accept, listener, nursery)
+                        task_status.started()
 
             with self._serve_scope:
+                if settings.idle_connection_timeout_ms:
+                    nursery.start_soon(self._close_idle, settings.idle_connection_timeout_ms / 1000)
                 await nursery.start(accept)
                 await nursery.start(self.core_services.run)
                 for service in self.services:
@@ -359,7 +366,42 @@ class Gateway:
         for connection in list(self.connections):
             connection.drain()
 
+    async def _close_idle(self, timeout: float) -> None:
+        """GATEWAY_IDLE_CONNECTION_TIMEOUT_MS: looks at every connection four times per timeout
+        (at most once a second), so an idle one closes within 1.25 timeouts."""
+        period = min(timeout / 4, 1.0)
+        while True:
+            await trio.sleep(period)
+            now = trio.current_time()
+            for connection in list(self.connections):
+                connection.close_if_idle(now, timeout)
+
+    async def _accept(self, listener: trio.abc.Listener[Any], connections: trio.Nursery) -> None:
+        """Accepts clients until cancelled: ``trio.serve_listeners`` without its wrapper around each
+        connection, which closed every stream a second time (in a cancelled scope: 5% of the CPU of
+        a short connection, bench/auth_connections.py). :meth:`_handle` closes what it is given."""
+        async with listener:
+            while True:
+                try:
+                    stream = await listener.accept()
+                except OSError as exc:
+                    if exc.errno not in _ACCEPT_CAPACITY_ERRNOS:
+                        raise
+                    log.error("accepting a client connection failed (%s); retrying in 100 ms", exc)
+                    await trio.sleep(0.1)
+                else:
+                    connections.start_soon(self._handle, stream)
+
     async def _handle(self, stream: trio.abc.Stream) -> None:
+        try:
+            await self._serve_client(stream)
+        except BaseException:
+            with trio.CancelScope(shield=True):
+                await trio.aclose_forcefully(stream)
+            raise
+
+    async def _serve_client(self, stream: trio.abc.Stream) -> None:
+        """Serves one client until it leaves; the stream is closed on every way out."""
         try:
             peer_host, peer_port, local_host, local_port = _host_port(stream)
             if isinstance(stream, trio.SSLStream):

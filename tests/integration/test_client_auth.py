@@ -7,6 +7,7 @@ import asyncio
 import base64
 import logging
 import secrets
+import struct
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -18,7 +19,7 @@ from inprocess import bootstrap_of, inprocess_gateway
 from kafka import KafkaProducer
 from kafka.errors import KafkaError as KafkaPythonError
 from tagging import TagPlugin
-from wire import WireClient
+from wire import WireClient, metadata_request
 
 from kanal.api.interceptor import InterceptorSpec, Scope
 from kanal.embedded import TansuBroker
@@ -27,6 +28,8 @@ from kanal.identity.accounts import AccountType, ServiceAccount
 from kanal.identity.tokens import mint
 from kanal.protocol.api import ApiKey, require_request_class
 from kanal.protocol.entities import build
+from kanal.protocol.headers import response_correlation_id
+from kanal.protocol.messages import decode_response, encode_request
 
 SECRET = secrets.token_bytes(32)
 
@@ -150,6 +153,51 @@ def test_before_a_login_api_versions_is_answered_as_just_before_without_an_upstr
     # Anything else before the login still closes the connection.
     second.send(build(require_request_class(ApiKey.METADATA, 12), topics=None), 9)
     assert second.closed_by_peer()
+
+
+def _frame(body: object, correlation_id: int) -> bytes:
+    frame = encode_request(body, correlation_id, "wire-test")
+    return struct.pack(">i", len(frame)) + frame
+
+
+def test_a_login_and_a_first_request_sent_in_one_write_are_all_answered_in_order(
+    gateway: Gateway, unique_topic: Callable[..., str]
+) -> None:
+    """The exchange is served before the connection's reader and writer start (see ``_log_in``);
+    what arrives with the last step of the login goes on to them, in order."""
+    versions = build(
+        require_request_class(ApiKey.API_VERSIONS, 3), client_software_name="wire", client_software_version="1"
+    )
+    WireClient(bootstrap_of(gateway)).call(versions, 1)  # now the gateway knows the broker's answer
+    token = mint("orders-app", None, 60, SECRET)
+    topic = unique_topic()
+    requests = [
+        (ApiKey.API_VERSIONS, 3, versions),
+        (ApiKey.SASL_HANDSHAKE, 1, build(require_request_class(ApiKey.SASL_HANDSHAKE, 1), mechanism="PLAIN")),
+        (
+            ApiKey.SASL_AUTHENTICATE,
+            2,
+            build(require_request_class(ApiKey.SASL_AUTHENTICATE, 2), auth_bytes=f"\0orders-app\0{token}".encode()),
+        ),
+        (ApiKey.METADATA, 12, metadata_request([topic])),
+    ]
+    client = WireClient(bootstrap_of(gateway))
+    client.send_raw(b"".join(_frame(body, 10 + at) for at, (_, _, body) in enumerate(requests)))
+    answers = []
+    for at, (api_key, version, _) in enumerate(requests):
+        frame = client.receive()
+        assert response_correlation_id(frame) == 10 + at
+        answers.append(decode_response(api_key, version, frame))
+    assert [answer.error_code for answer in answers[:3]] == [0, 0, 0]
+    assert [t.name for t in answers[3].topics] == [topic]
+    client.close()
+
+
+def test_a_client_that_never_logs_in_is_closed_once_idle(tansu: TansuBroker) -> None:
+    with _sasl_gateway(tansu, GATEWAY_IDLE_CONNECTION_TIMEOUT_MS="300") as gw:
+        silent = WireClient(bootstrap_of(gw))
+        assert silent.closed_by_peer(timeout=5)
+        silent.close()
 
 
 def test_kafka_python_logs_in_with_a_token_and_is_refused_with_a_bad_one(

@@ -7,7 +7,8 @@ broker's pool. Each request that expects an answer takes a slot in the client's 
 answers, the gateway fills it itself for a local answer. The writer sends the filled slots at the
 head of the session, in request order, several at once when several are ready. The session is
 bounded: a client that stops reading stops the writer, the session fills and the reader stops
-reading from that client.
+reading from that client. On a listener that authenticates its clients, the login comes first, in
+the connection's own task (:meth:`ClientConnection._log_in`).
 """
 
 from __future__ import annotations
@@ -225,7 +226,7 @@ class ClientConnection:
         self.client = stream
         self._io = FastStream(stream)
         self.info = info
-        self._last_read = 0.0
+        self._last_read = 0.0  # (set when it runs)
         self._unsent: memoryview | None = None  # the rest of a response a link's reader began sending
         settings = gateway.settings
         self.session: ClientSession[Pending] = ClientSession(settings.max_in_flight)
@@ -249,6 +250,7 @@ class ClientConnection:
         self._dispatcher: Dispatcher | None = None
         self._identity: tuple[str | None, tuple[str, ...], str | None] = (None, (), None)
         self._read_scope = trio.CancelScope()
+        self._login_scope = trio.CancelScope()
         self._reader = FrameReader(settings.max_frame_size)
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -272,6 +274,7 @@ class ClientConnection:
     def drain(self) -> None:
         """Stops reading new requests; in-flight ones are still answered."""
         self._read_scope.cancel()
+        self._login_scope.cancel()
 
     def chain(self) -> ResolvedChain:
         """The chain for this connection, resolved again when the interceptors, the group
@@ -306,14 +309,19 @@ class ClientConnection:
         return self._dispatcher
 
     async def run(self) -> None:
+        self._last_read = trio.current_time()
         try:
             await self.dispatcher().opened(self.info)
+            unread: tuple[bytearray | None, list[bytearray]] = (None, [])
+            if self._auth is not None and self.gateway.tap is None:
+                logged_in = await self._log_in()
+                if logged_in is None:
+                    return
+                unread = logged_in
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
-                self._last_read = trio.current_time()
-                nursery.start_soon(self._read_client, nursery.cancel_scope)
+                nursery.start_soon(self._read_client, nursery.cancel_scope, unread)
                 nursery.start_soon(self._write_client, nursery.cancel_scope)
-                nursery.start_soon(self._watch_idle, nursery.cancel_scope)
         finally:
             with trio.CancelScope(shield=True):
                 await self.client.aclose()  # (its own link closed with the nursery)
@@ -432,32 +440,35 @@ class ClientConnection:
 
     # -- reading requests ----------------------------------------------------------------------
 
-    async def _watch_idle(self, scope: trio.CancelScope) -> None:
-        """Closes the connection once it has sent nothing for GATEWAY_IDLE_CONNECTION_TIMEOUT_MS
-        with nothing in flight (a long poll is not idle). A task of its own, waking once per
-        timeout, costs less than a timeout around every read."""
-        timeout = self.gateway.settings.idle_connection_timeout_ms / 1000
-        if not timeout:
+    def close_if_idle(self, now: float, timeout: float) -> None:
+        """Closes the connection once it has sent nothing for ``timeout`` seconds with nothing in
+        flight (a long poll is not idle). The gateway asks every connection now and then (see
+        ``Gateway._close_idle``): one task for all of them costs less than one each, or a
+        timeout around every read."""
+        if now < self._last_read + timeout:
             return
-        while True:
-            await trio.sleep_until(self._last_read + timeout)
-            now = trio.current_time()
-            if now < self._last_read + timeout:
-                continue  # the client sent something meanwhile
-            if self.session.owed or self._internal or self._reader.peek_partial() is not None:
-                self._last_read = now  # waiting for the broker, or in the middle of a frame
-                continue
-            self._closing(
-                f"no request for {self.gateway.settings.idle_connection_timeout_ms} ms"
-                " (GATEWAY_IDLE_CONNECTION_TIMEOUT_MS)",
-                logging.INFO,
-            )
-            scope.cancel()
+        if self.session.owed or self._internal or self._reader.peek_partial() is not None:
+            self._last_read = now  # waiting for the broker, or in the middle of a frame
             return
+        self._closing(
+            f"no request for {self.gateway.settings.idle_connection_timeout_ms} ms"
+            " (GATEWAY_IDLE_CONNECTION_TIMEOUT_MS)",
+            logging.INFO,
+        )
+        self._login_scope.cancel()
+        if self._nursery is not None:
+            self._nursery.cancel_scope.cancel()
 
-    async def _read_client(self, scope: trio.CancelScope) -> None:
+    async def _read_client(self, scope: trio.CancelScope, unread: tuple[bytearray | None, list[bytearray]]) -> None:
+        """Reads requests until the client leaves. ``unread``: what :meth:`_log_in` left, a frame
+        the SASL exchange has seen and passed on, and frames read after it."""
         with self._read_scope:
             try:
+                passed, rest = unread
+                if passed is not None:
+                    await self._handle_request(passed)
+                for frame in rest:
+                    await self._take(frame)
                 while True:
                     data = await self._io.receive_some(next_read_size(self._reader))
                     self._last_read = trio.current_time()
@@ -467,9 +478,7 @@ class ClientConnection:
                     for frame in self._reader.feed(data):
                         if self.gateway.tap is not None:
                             self.gateway.tap(self.info, "c2g", frame)
-                        if self._auth is not None and not self._in_session(frame) and await self._authenticating(frame):
-                            continue
-                        await self._handle_request(frame)
+                        await self._take(frame)
                     partial = self._reader.peek_partial()
                     if partial is not None and partial[0] >= STREAM_FROM and len(partial[1]) >= _STREAM_HEAD:
                         self._reader.take_partial()
@@ -479,32 +488,81 @@ class ClientConnection:
                         frame = await receive_rest(self.client, *partial)
                         if self.gateway.tap is not None:
                             self.gateway.tap(self.info, "c2g", frame)
-                        if self._auth is not None and not self._in_session(frame) and await self._authenticating(frame):
-                            continue
-                        await self._handle_request(frame)
-            except (FrameTooLarge, InvalidFrame, InvalidHeader, ProtocolViolation) as exc:
-                self._closing(exc)
-                scope.cancel()
+                        await self._take(frame)
             except _AnsweredThenClose as exc:  # the writer sends what is owed, then ends
                 self._closing(exc, logging.INFO)
-            except MalformedRequest as exc:  # found in a request forwarded while it arrived
-                self._closing(f"malformed request: {exc}")
-                scope.cancel()
-            except CloseConnection as exc:
-                self._closing(exc, exc_info=exc.__cause__ is not None)
-                scope.cancel()
-            except (ConnectionError, OSError) as exc:  # the upstream is unreachable (counted when opened)
-                self._closing(f"upstream unavailable: {exc}")
-                scope.cancel()
-            except (trio.BrokenResourceError, trio.ClosedResourceError):
-                scope.cancel()
-            except Exception:
-                log.exception(
-                    "closing client %s: request handling failed", self.info.client_address, extra=self._fields()
-                )
+            except Exception as exc:
+                self._read_failed(exc)
                 scope.cancel()
         self._reading = False
         self._writer_lot.unpark_all()
+
+    async def _take(self, frame: bytearray) -> None:
+        """One whole request from the client: the SASL exchange's, or one to handle."""
+        if self._auth is not None and not self._in_session(frame) and await self._authenticating(frame):
+            return
+        await self._handle_request(frame)
+
+    def _read_failed(self, exc: Exception) -> None:
+        """Says why reading from the client ended early (the caller then ends the connection)."""
+        if isinstance(exc, (FrameTooLarge, InvalidFrame, InvalidHeader, ProtocolViolation)):
+            self._closing(exc)
+        elif isinstance(exc, MalformedRequest):  # found in a request forwarded while it arrived
+            self._closing(f"malformed request: {exc}")
+        elif isinstance(exc, CloseConnection):
+            self._closing(exc, exc_info=exc.__cause__ is not None)
+        elif isinstance(exc, (trio.BrokenResourceError, trio.ClosedResourceError)):
+            pass
+        elif isinstance(exc, (ConnectionError, OSError)):  # the upstream is unreachable (counted when opened)
+            self._closing(f"upstream unavailable: {exc}")
+        else:
+            log.error(
+                "closing client %s: request handling failed",
+                self.info.client_address,
+                exc_info=exc,
+                extra=self._fields(),
+            )
+
+    async def _log_in(self) -> tuple[bytearray | None, list[bytearray]] | None:
+        """The SASL exchange of a listener that authenticates its clients, in the connection's own
+        task before its reader and writer start: each answer is local and written at once, so a
+        login costs no task switches, and a refused or abandoned one never starts those tasks.
+        Returns what is left for the reader (see :meth:`_read_client`) once the client has logged
+        in or sent a frame the exchange passes on (an ApiVersions to forward); None when the
+        connection is over (the client left or was refused, it idled, the gateway drains).
+        """
+        auth = self._auth
+        assert auth is not None
+        with self._login_scope:
+            try:
+                while True:
+                    data = await self._io.receive_some(next_read_size(self._reader))
+                    self._last_read = trio.current_time()
+                    if not data:
+                        return None
+                    frames = self._reader.feed(data)
+                    for at, frame in enumerate(frames):
+                        step = await self._login_step(frame)
+                        if step is None:
+                            return frame, frames[at + 1 :]
+                        pending, closing = step
+                        if pending is not None:
+                            await self._answer_now(pending)
+                        if closing is not None:
+                            self._closing(closing, logging.INFO)
+                            return None
+                        if auth.authenticated:
+                            return None, frames[at + 1 :]
+            except Exception as exc:
+                self._read_failed(exc)
+        return None
+
+    async def _answer_now(self, pending: Pending) -> None:
+        """Writes a local answer while nothing else is owed (before the writer runs)."""
+        answer = pending.local
+        assert answer is not None and not self.session.owed
+        await self._io.send_all(len(answer).to_bytes(4, "big") + answer)
+        self.gateway.metrics.response(pending.api_key, len(answer), time.perf_counter() - pending.started)
 
     def _may_stream(self, size: int, head: bytearray) -> bool:
         """A large request (its header in) that no hook needs is forwarded while it arrives, on
@@ -529,11 +587,24 @@ class ClientConnection:
         )
 
     async def _authenticating(self, frame: bytearray) -> bool:
-        """The SASL exchange of a listener that authenticates its clients (GATEWAY_MANAGED): True
-        when ``frame`` was part of it (answered here, never forwarded). Before authentication only
-        ApiVersions and the exchange itself are served; a failure is answered, then the connection
-        closes. Once authenticated, only a re-authentication or an ended session (KIP-368) comes
-        here."""
+        """The SASL exchange of a listener that authenticates its clients (GATEWAY_MANAGED), once
+        the reader runs: True when ``frame`` was part of it (answered here, never forwarded).
+        Once authenticated, only a re-authentication or an ended session (KIP-368) comes here."""
+        step = await self._login_step(frame)
+        if step is None:
+            return False
+        pending, closing = step
+        if pending is not None:
+            self.fill(await self._owe(pending), pending.local)
+        if closing is not None:
+            raise _AnsweredThenClose(closing)
+        return True
+
+    async def _login_step(self, frame: bytearray) -> tuple[Pending | None, str | None] | None:
+        """One frame of the SASL exchange: None when it is not the exchange's (forward it), else
+        the local answer (a Pending holding it, or None) and, when the connection must close once
+        that answer has gone, why. Before authentication only ApiVersions and the exchange itself
+        are served; a refused login is answered, then the connection closes."""
         auth = self._auth
         assert auth is not None
         if auth.prepare_bearer is not None:  # OAUTHBEARER: fetch the token's signing key if it is new
@@ -542,23 +613,24 @@ class ClientConnection:
                 await auth.prepare_bearer(token)
         step = auth.feed(frame)
         if step.action is Action.API_VERSIONS:
-            return await self._recent_api_versions(frame)
+            answered = self._recent_api_versions(frame)
+            return None if answered is None else (answered, None)
         if step.action is Action.FORWARD:
-            return False
+            return None
         if step.authenticated:
             self._authenticated(auth)
         if step.authenticated or step.failure is not None:
             self.gateway.authentication_outcome(self.info, auth.mechanism or "unknown", step.failure, auth.claimed_user)
+        pending = None
         if step.response is not None:
             if auth.expects_raw_token or len(frame) < 8:
                 corr, api_key, version = 0, int(ApiKey.SASL_AUTHENTICATE), 0
             else:
                 api_key, version, corr = peek_request(frame)
             pending = Pending(self, corr, api_key, version, None, local=bytearray(step.response))
-            self.fill(await self._owe(pending), pending.local)
-        if step.action is Action.CLOSE:
-            raise _AnsweredThenClose(f"SASL: {step.failure}")  # a refused login, or a session over
-        return True
+            pending.started = time.perf_counter()
+        # (a refused login, or a session over)
+        return pending, (f"SASL: {step.failure}" if step.action is Action.CLOSE else None)
 
     def _sees_api_versions(self, header: RequestHeader, frame: bytearray) -> bool:
         """Whether a hook of the chain (or a capture) sees ApiVersions requests or responses."""
@@ -569,18 +641,18 @@ class ClientConnection:
             or decodes_request(chain, header, frame, self.gateway.topic_id_name)
         )
 
-    async def _recent_api_versions(self, frame: bytearray) -> bool:
-        """ApiVersions before the login: answered as the broker answered shortly before, when the
-        gateway has such an answer and no hook sees it; True when answered (see RecentAnswers)."""
+    def _recent_api_versions(self, frame: bytearray) -> Pending | None:
+        """ApiVersions before the login, answered as the broker answered shortly before, when the
+        gateway has such an answer and no hook sees it (see RecentAnswers); else None."""
         header = parse_request_header(frame)
         answer = self.gateway.recent_api_versions.get(self.info.node_id, header.api_version, header.correlation_id)
         if answer is None or self._sees_api_versions(header, frame):
-            return False
+            return None
         self.info.client_id = header.client_id
         self.gateway.metrics.request(header.api_key, len(frame))
         pending = Pending(self, header.correlation_id, header.api_key, header.api_version, None, local=answer)
-        self.fill(await self._owe(pending), answer)
-        return True
+        pending.started = time.perf_counter()
+        return pending
 
     def _authenticated(self, auth: Authenticator) -> None:
         assert auth.identity is not None

@@ -212,6 +212,7 @@ class ScramServer:
             raise ValueError(f"unsupported SCRAM mechanism {mechanism!r}")
         self.name = mechanism
         self._hash = algorithm
+        self._digest_size = hashlib.new(algorithm).digest_size
         self._lookup = lookup
         self._fake_salt_key = fake_salt_key
         self._nonce_factory = nonce_factory or (lambda: secrets.token_urlsafe(24))
@@ -221,7 +222,7 @@ class ScramServer:
         self.user: str | None = None
 
     def _hmac(self, key: bytes, data: bytes) -> bytes:
-        return hmac.new(key, data, self._hash).digest()
+        return hmac.digest(key, data, self._hash)  # (one call into OpenSSL, no HMAC object)
 
     def start(self, message: bytes) -> Outcome:
         if self._state is not None or self._done:
@@ -303,12 +304,11 @@ class ScramServer:
         auth_message = f"{state.client_first_bare},{state.server_first},{without_proof}".encode()
         credential = state.credential
         # A user without credentials runs the same computation against a random key, then fails.
-        digest_size = hashlib.new(self._hash).digest_size
-        stored_key = credential.stored_key if credential is not None else secrets.token_bytes(digest_size)
+        stored_key = credential.stored_key if credential is not None else secrets.token_bytes(self._digest_size)
         signature = self._hmac(stored_key, auth_message)
         if len(proof) != len(signature):
             return Failure("invalid proof" if credential is not None else "unknown user")
-        client_key = bytes(a ^ b for a, b in zip(proof, signature, strict=True))
+        client_key = (int.from_bytes(proof) ^ int.from_bytes(signature)).to_bytes(len(signature))
         valid = hmac.compare_digest(hashlib.new(self._hash, client_key).digest(), stored_key)
         if credential is None:
             return Failure("unknown user")

@@ -14,19 +14,17 @@ prefix): the I/O layer feeds each frame it reads and does what the answer says.
 
 from __future__ import annotations
 
-import datetime
 import enum
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
 
 from kio.schema.errors import ErrorCode
 from kio.serial.errors import DecodeError
 
 from kanal.protocol.api import ApiKey
 from kanal.protocol.headers import InvalidHeader, RequestHeader, parse_request_header, peek_request
-from kanal.protocol.messages import UnsupportedApi, decode_request_body, encode_response, response_type
+from kanal.protocol.messages import UnsupportedApi
 from kanal.protocol.sasl_mechanisms import (
     Failure,
     Identity,
@@ -35,6 +33,12 @@ from kanal.protocol.sasl_mechanisms import (
     ServerMechanism,
     Success,
     parse_bearer_message,
+)
+from kanal.protocol.sasl_messages import (
+    authenticate_bytes,
+    authenticate_response,
+    handshake_mechanism,
+    handshake_response,
 )
 
 __all__ = ["Action", "Authenticator", "State", "Step"]
@@ -95,10 +99,17 @@ def _header(frame: bytes | bytearray | memoryview) -> RequestHeader:
         raise _BadFrame(type(exc).__name__) from exc
 
 
-def _body(frame: bytes | bytearray | memoryview, header: RequestHeader) -> Any:
+def _mechanism(frame: bytes | bytearray | memoryview, header: RequestHeader) -> str:
     try:
-        return decode_request_body(header.api_key, header.api_version, bytes(frame), header.body_offset)
-    except _MALFORMED as exc:
+        return handshake_mechanism(frame, header.body_offset)
+    except ValueError as exc:  # (UnicodeDecodeError too)
+        raise _BadFrame(type(exc).__name__) from exc
+
+
+def _auth_bytes(frame: bytes | bytearray | memoryview, header: RequestHeader) -> bytes:
+    try:
+        return authenticate_bytes(frame, header.body_offset, header.api_version)
+    except ValueError as exc:
         raise _BadFrame(type(exc).__name__) from exc
 
 
@@ -234,33 +245,32 @@ class Authenticator:
         header = _header(frame)
         if header.api_version > 1 or (reauth and header.api_version < 1):
             return self._fail(f"SaslHandshake v{header.api_version} {'to re-authenticate' if reauth else ''}".strip())
-        body = _body(frame, header)
-        mechanism = str(body.mechanism)
-        cls = response_type(ApiKey.SASL_HANDSHAKE, header.api_version)
+        mechanism = _mechanism(frame, header)
         factory = self._factories.get(mechanism)
         if factory is None or (reauth and mechanism != self.mechanism):
             # On re-authentication only the mechanism of the session is acceptable (KIP-368).
             offered = (self.mechanism,) if reauth and self.mechanism else self._names
-            refused = cls(error_code=ErrorCode.unsupported_sasl_mechanism, mechanisms=offered)
+            refused = handshake_response(
+                header.api_version, header.correlation_id, ErrorCode.unsupported_sasl_mechanism, offered
+            )
             why = "mechanism changed on re-authentication" if factory else f"unsupported mechanism {mechanism!r}"
-            return self._fail(why, encode_response(refused, header.correlation_id))
+            return self._fail(why, refused)
         self._exchange = factory()
         self._started = False
         self.mechanism = mechanism
         self._raw_tokens = header.api_version == 0
         self.state = State.REAUTHENTICATING if reauth else State.AUTHENTICATING
-        accepted = cls(error_code=ErrorCode.none, mechanisms=self._names)
-        return Step(Action.SEND, encode_response(accepted, header.correlation_id))
+        accepted = handshake_response(header.api_version, header.correlation_id, ErrorCode.none, self._names)
+        return Step(Action.SEND, accepted)
 
     def _auth_bytes(self, frame: bytes | bytearray | memoryview) -> bytes | None:
         try:
             header = _header(frame)
             if header.api_key != ApiKey.SASL_AUTHENTICATE or header.api_version > 2:
                 return None
-            body = _body(frame, header)
+            return _auth_bytes(frame, header)
         except _BadFrame:
             return None
-        return bytes(body.auth_bytes)
 
     def _advance(self, message: bytes) -> Outcome:
         exchange = self._exchange
@@ -275,8 +285,7 @@ class Authenticator:
         if header.api_version > 2:
             return self._fail(f"SaslAuthenticate v{header.api_version}")
         self._auth_version = header.api_version
-        body = _body(frame, header)
-        outcome = self._advance(bytes(body.auth_bytes))
+        outcome = self._advance(_auth_bytes(frame, header))
         corr = header.correlation_id
         if isinstance(outcome, Success):
             refusal = self._complete(outcome)
@@ -335,20 +344,13 @@ class Authenticator:
         header = _header(frame)
         if header.api_version > 2:
             return self._fail(f"SaslAuthenticate v{header.api_version}")
-        cls = response_type(ApiKey.SASL_AUTHENTICATE, header.api_version)
-        body = cls(
-            error_code=ErrorCode.illegal_sasl_state,
-            error_message="SaslAuthenticate request received after successful authentication",
-            auth_bytes=b"",
+        message = "SaslAuthenticate request received after successful authentication"
+        answer = authenticate_response(
+            header.api_version, header.correlation_id, ErrorCode.illegal_sasl_state, message, b"", 0
         )
-        return Step(Action.SEND, encode_response(body, header.correlation_id))
+        return Step(Action.SEND, answer)
 
     def _auth_response(
         self, correlation_id: int, error: ErrorCode, message: str | None, data: bytes = b"", lifetime_ms: int = 0
     ) -> bytearray:
-        cls = response_type(ApiKey.SASL_AUTHENTICATE, self._auth_version)
-        extra: dict[str, Any] = {}
-        if self._auth_version >= 1:
-            extra["session_lifetime"] = datetime.timedelta(milliseconds=lifetime_ms)
-        body = cls(error_code=error, error_message=message, auth_bytes=data, **extra)
-        return encode_response(body, correlation_id)
+        return authenticate_response(self._auth_version, correlation_id, error, message, data, lifetime_ms)
