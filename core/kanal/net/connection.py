@@ -627,10 +627,11 @@ class ClientConnection:
                 corr, api_key, version = 0, int(ApiKey.SASL_AUTHENTICATE), 0
             else:
                 api_key, version, corr = peek_request(frame)
-            pending = Pending(self, corr, api_key, version, None, local=bytearray(step.response))
-            pending.started = time.perf_counter()
-        # (a refused login, or a session over)
-        return pending, (f"SASL: {step.failure}" if step.action is Action.CLOSE else None)
+            pending = Pending(
+                self, corr, api_key, version, None, local=bytearray(step.response), started=time.perf_counter()
+            )
+        closing = f"SASL: {step.failure}" if step.action is Action.CLOSE else None  # refused, or the session is over
+        return pending, closing
 
     def _sees_api_versions(self, header: RequestHeader, frame: bytearray) -> bool:
         """Whether a hook of the chain (or a capture) sees ApiVersions requests or responses."""
@@ -650,9 +651,8 @@ class ClientConnection:
             return None
         self.info.client_id = header.client_id
         self.gateway.metrics.request(header.api_key, len(frame))
-        pending = Pending(self, header.correlation_id, header.api_key, header.api_version, None, local=answer)
-        pending.started = time.perf_counter()
-        return pending
+        corr, version = header.correlation_id, header.api_version
+        return Pending(self, corr, header.api_key, version, None, local=answer, started=time.perf_counter())
 
     def _authenticated(self, auth: Authenticator) -> None:
         assert auth.identity is not None
