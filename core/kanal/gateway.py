@@ -15,11 +15,15 @@ from typing import Any
 
 import trio
 
+from kanal.admin.store import ResourceStore
 from kanal.api.context import Connection
 from kanal.api.errors import UpstreamError
-from kanal.api.interceptor import Interceptor
+from kanal.api.interceptor import Interceptor, InterceptorSpec, Scope
+from kanal.api.resources import KindRegistry
 from kanal.api.services import Service
 from kanal.audit import AuditLog, node_source
+from kanal.authz.enforcer import ACL_APIS, AclEnforcer
+from kanal.authz.store import AclDirectory
 from kanal.config.settings import Settings
 from kanal.identity.accounts import ServiceAccounts
 from kanal.identity.directory import Directory
@@ -30,11 +34,12 @@ from kanal.net.authentication import authenticators
 from kanal.net.channel import KafkaChannel
 from kanal.net.connection import ClientConnection, FrameTap
 from kanal.net.kafka_client import GatewayKafkaClient
+from kanal.net.state_log import CompactedLog
 from kanal.net.tls import CertificateRefused, certificate_principal, server_context, upstream_context
 from kanal.net.upstream import open_upstream
 from kanal.net.upstream_link import UpstreamLink
 from kanal.net.upstream_pool import UpstreamPool
-from kanal.pipeline.chain import Pipeline
+from kanal.pipeline.chain import PASSTHROUGH, Pipeline
 from kanal.pipeline.core_rules import CoreRules
 from kanal.pipeline.registry import PluginRegistry
 from kanal.protocol.api import ApiKey
@@ -140,6 +145,40 @@ class Gateway:
         self.core_services.audit_log = self.audit_log
         if self.audit_log.enabled:
             self.services.append(self.audit_log.run)
+        super_users = settings.super_users
+        if super_users is None:
+            super_users = tuple(user.username for user in settings.admin_api_users)
+        self.acls = AclDirectory(super_users)
+        if settings.acl_enabled:
+            self._enforce_acls()
+
+    def _enforce_acls(self) -> None:
+        """GATEWAY_ACL_ENABLED: the ACL store (its topic followed like the resources') and the
+        enforcer, outermost in the chain of every passthrough connection."""
+        settings = self.settings
+        topic = settings.acls_topic or f"_kanal_{settings.cluster_id}_acls"
+        timeout = settings.upstream_connect_timeout_ms / 1000
+        kinds = KindRegistry()
+        kinds.add(self.acls.kind)
+        store = ResourceStore(
+            kinds,
+            CompactedLog(topic, settings.upstream, timeout, settings.state_replication_factor),
+            CompactedLog(topic, settings.upstream, timeout, settings.state_replication_factor),
+        )
+        self.acls.writes = store
+
+        async def follow(*, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+            try:
+                await store.run(task_status=task_status)
+            finally:
+                with trio.CancelScope(shield=True):
+                    await store.writer.aclose()
+                    await store.reader.aclose()
+
+        self.services.append(follow)
+        spec = InterceptorSpec("kanal-acls", AclEnforcer.plugin_name, -(2**63), Scope(vcluster=PASSTHROUGH))
+        self.pipeline.install("acls", [(spec, AclEnforcer(self.acls, self.services_for("core")))])
+        self.core_rules.answered_here = ACL_APIS
 
     @property
     def resolving_topic_names(self) -> ResolvingTopicNames:

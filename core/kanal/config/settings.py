@@ -71,6 +71,11 @@ def _names(text: str) -> tuple[str, ...]:
     return tuple(n.strip() for n in text.split(",") if n.strip())
 
 
+def _super_users(text: str) -> tuple[str, ...]:
+    """A ';'-separated list (a certificate's name holds commas), blanks dropped."""
+    return tuple(n.strip() for n in text.split(";") if n.strip())
+
+
 def _mapping_rules(text: str) -> str:
     """Kafka principal mapping rules, checked now so a typo fails at startup (kept as text)."""
     parse_rules(text)
@@ -348,6 +353,30 @@ OPTIONS: tuple[Option, ...] = (
         " read-only. Unset: the admin API is disabled (health and metrics are still served).",
     ),
     Option(
+        "GATEWAY_ACL_ENABLED",
+        "acl_enabled",
+        parse_bool,
+        False,
+        "Whether the gateway enforces its own Kafka ACLs on the passthrough cluster (managed by super users"
+        " with CreateAcls, DescribeAcls and DeleteAcls, stored in GATEWAY_ACLS_TOPIC). Off: every request"
+        " goes to the cluster, which enforces its own ACLs, if any. Not with GATEWAY_SECURITY_MODE=KAFKA_MANAGED.",
+    ),
+    Option(
+        "GATEWAY_SUPER_USERS",
+        "super_users",
+        _super_users,
+        None,
+        "Principals allowed everything when the gateway enforces ACLs, separated by ';' (certificate"
+        " names hold commas); User:alice or alice. Unset: the admin API users' names.",
+    ),
+    Option(
+        "GATEWAY_ACLS_TOPIC",
+        "acls_topic",
+        _str,
+        None,
+        "Compacted topic holding the gateway's ACLs (default: _kanal_<GATEWAY_CLUSTER_ID>_acls).",
+    ),
+    Option(
         "GATEWAY_RESOURCES_TOPIC",
         "resources_topic",
         _str,
@@ -411,6 +440,9 @@ class Settings:
     user_pool_secret_key: str | None = field(default=None, repr=False)  # a secret: never in a repr or a log
     admin_api_users: tuple[AdminUser, ...] = ()
     resources_topic: str | None = None
+    acl_enabled: bool = False
+    super_users: tuple[str, ...] | None = None
+    acls_topic: str | None = None
     state_replication_factor: int = -1
     feature_flags: Mapping[str, bool] = field(default_factory=dict)
     upstream: UpstreamSettings = field(default_factory=UpstreamSettings)
@@ -662,6 +694,12 @@ def _check_security(settings: Settings) -> None:
         raise ConfigError(
             "GATEWAY_SECURITY_MODE",
             f"KAFKA_MANAGED needs a SASL listener, but GATEWAY_SECURITY_PROTOCOL is {_protocol_named(settings)}",
+        )
+    if settings.acl_enabled and settings.security_mode == "kafka_managed":
+        raise ConfigError(
+            "GATEWAY_ACL_ENABLED",
+            "the cluster enforces its own ACLs when GATEWAY_SECURITY_MODE is KAFKA_MANAGED (its clients log in"
+            " to it); unset GATEWAY_ACL_ENABLED, or use GATEWAY_MANAGED for the gateway to enforce them",
         )
     if sasl and settings.security_mode != "kafka_managed" and not settings.user_pool_secret_key:
         raise ConfigError(

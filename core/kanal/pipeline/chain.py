@@ -281,6 +281,16 @@ class Pipeline:
             if id(item.instance) not in kept_now:
                 self.retire(item.instance)
 
+    def install(self, source: str, items: Sequence[tuple[InterceptorSpec, Interceptor]]) -> None:
+        """Replaces the interceptors of one source with instances the core built itself (its
+        built-in interceptors, such as ACL enforcement), checked against the hookspecs like any."""
+        previous = self._sources.get(source, {})
+        self._sources[source] = {(spec.name, spec.scope): configured(spec, instance) for spec, instance in items}
+        self._cache.clear()
+        self.version += 1
+        for item in previous.values():
+            self.retire(item.instance)
+
     def groups_changed(self) -> None:
         """Group memberships changed: every connection works out its groups and chain again at its
         next request (chains already resolved stay right for the groups they were resolved for)."""

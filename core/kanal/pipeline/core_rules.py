@@ -31,11 +31,13 @@ class CoreRules:
         self.learn_brokers = learn_brokers
         self.topic_names = topic_names
         self.advertised_address = advertised_address
+        #: APIs the gateway answers itself whatever the broker supports (ApiVersions offers them).
+        self.answered_here: frozenset[int] = frozenset()
 
     def response(self, api_key: int, version: int, body: Any) -> Any:
         """The response as the client is to see it (``body`` itself when nothing changed)."""
         if api_key == ApiKey.API_VERSIONS:
-            body = intersect(body) or body
+            body = intersect(body, self.answered_here) or body
         elif api_key in (ApiKey.METADATA, ApiKey.DESCRIBE_CLUSTER):
             self.learn_brokers(broker_addresses(api_key, body))
             self.topic_names.learn(api_key, body)

@@ -3,18 +3,30 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import replace
 from typing import Any
 
 from kanal.protocol.api import supported_versions
+from kanal.protocol.entities import build, nested
 
 
-def intersect(body: Any) -> Any | None:
-    """The ApiVersions response limited to versions the gateway can decode; None if unchanged."""
+def intersect(body: Any, answered_here: Collection[int] = ()) -> Any | None:
+    """The ApiVersions response limited to versions the gateway can decode; None if unchanged. The
+    APIs in ``answered_here`` (the gateway answers them itself, such as the ACL APIs when it enforces
+    ACLs) are offered in every version the gateway speaks, whatever the broker says of them."""
     kept = []
     changed = False
+    missing = set(answered_here)
     for entry in body.api_keys:
+        if int(entry.api_key) in missing:
+            missing.discard(int(entry.api_key))
+            low, high = supported_versions(int(entry.api_key)) or (0, -1)
+            if (low, high) != (entry.min_version, entry.max_version):
+                entry = replace(entry, min_version=low, max_version=high)
+                changed = True
+            kept.append(entry)
+            continue
         ours = supported_versions(int(entry.api_key))
         if ours is None:
             changed = True
@@ -28,6 +40,13 @@ def intersect(body: Any) -> Any | None:
             entry = replace(entry, min_version=low, max_version=high)
             changed = True
         kept.append(entry)
+    if missing:
+        entry_cls = nested(type(body), "api_keys")
+        for api_key in sorted(missing):
+            versions = supported_versions(api_key)
+            if versions is not None:
+                kept.append(build(entry_cls, api_key=api_key, min_version=versions[0], max_version=versions[1]))
+                changed = True
     return replace(body, api_keys=tuple(kept)) if changed else None
 
 

@@ -1,0 +1,1 @@
+"""Authorization: Kafka ACLs, evaluated by the gateway."""

@@ -1,0 +1,184 @@
+"""The gateway's ACL enforcement: a built-in interceptor that runs before every other one.
+
+It sits outermost in the chain of the connections whose cluster has ACLs on (the passthrough cluster
+with ``GATEWAY_ACL_ENABLED``), so no interceptor sees a request the principal may not make, and
+every answer it gives goes back through nothing but the core. It decides each request with
+:mod:`kanal.authz.requests`, records each denial as an AUTHORIZATION audit event with the client's
+connection, and answers CreateAcls, DescribeAcls and DeleteAcls itself from the ACLs it enforces
+(super users, or principals allowed ALTER / DESCRIBE on the cluster, manage them).
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import replace
+from typing import Any, ClassVar
+
+from kio.schema.errors import ErrorCode
+from kio.schema.index import api_key_map
+
+from kanal.api.context import Connection, RequestContext, ResponseContext
+from kanal.api.hookspecs import hookimpl
+from kanal.api.interceptor import Interceptor
+from kanal.api.results import Reject, Respond
+from kanal.api.services import GatewayServices
+from kanal.authz import acl_api
+from kanal.authz.acl import AclBinding, Authorizer, user_principal
+from kanal.authz.requests import OPEN, Check, Denial, Verdict, check, filter_response
+from kanal.authz.store import AclDirectory
+from kanal.protocol.acl_codes import CLUSTER_NAME, Operation, ResourceType
+from kanal.protocol.api import ApiKey, api_name
+from kanal.protocol.entities import build
+from kanal.protocol.messages import response_type
+
+__all__ = ["ACL_APIS", "AUTHORIZATION", "AclEnforcer", "client_host"]
+
+AUTHORIZATION = "AUTHORIZATION"
+ACL_APIS = frozenset({ApiKey.CREATE_ACLS, ApiKey.DESCRIBE_ACLS, ApiKey.DELETE_ACLS})
+_ANONYMOUS = "User:ANONYMOUS"
+
+
+def client_host(address: str) -> str:
+    """The host of ``host:port`` (an IPv6 host may come with or without brackets)."""
+    host = address.rpartition(":")[0] or address
+    return host[1:-1] if host.startswith("[") and host.endswith("]") else host
+
+
+class AclEnforcer(Interceptor):
+    """Enforces the ACLs of one cluster (None: the passthrough one) on its connections."""
+
+    plugin_name: ClassVar[str] = "kanal.acls"
+    description: ClassVar[str] = "The gateway's ACLs (GATEWAY_ACL_ENABLED): built in, always outermost."
+    request_api_keys: ClassVar[frozenset[int] | None] = frozenset(api_key_map) - OPEN
+    response_api_keys: ClassVar[frozenset[int] | None] = frozenset(api_key_map) - OPEN
+    responses_on_demand: ClassVar[bool] = True
+
+    def __init__(self, directory: AclDirectory, services: GatewayServices, vcluster: str | None = None) -> None:
+        super().__init__(None, services)
+        self.directory = directory
+        self.vcluster = vcluster
+        self._topic_names = services.topic_names
+
+    def _decide(self, connection: Connection) -> tuple[Check, Authorizer, str, str]:
+        authorizer = self.directory.authorizer(self.vcluster)
+        principal = user_principal(connection.principal) if connection.principal else _ANONYMOUS
+        host = client_host(connection.client_address)
+
+        def decide(operation: Operation, resource_type: ResourceType, name: str) -> bool:
+            return authorizer.allows(principal, host, operation, resource_type, name)
+
+        def decide_any(operation: Operation, resource_type: ResourceType) -> bool:
+            return authorizer.allows_any(principal, host, operation, resource_type)
+
+        return Check(decide, decide_any), authorizer, principal, host
+
+    @hookimpl
+    async def kanal_request(self, ctx: RequestContext) -> Any:
+        decide, _, _, _ = self._decide(ctx.connection)
+        if ctx.api_key in ACL_APIS:
+            return await self._acl_api(ctx, decide)
+        response_cls = response_type(ctx.api_key, ctx.api_version)
+        names = await self._names(ctx.request)
+        verdict = check(ctx.api_key, ctx.request, response_cls, decide, lambda entry: _topic_name(entry, names))
+        if verdict.allowed:
+            return None
+        self._audit(ctx, verdict.denied)
+        if verdict.error is not None:
+            return Reject(verdict.error, _message(verdict.denied))
+        if verdict.request is None:
+            return Respond(_with_extra(build(response_cls), verdict))
+        ctx.request = verdict.request
+        ctx.notes["verdict"] = verdict
+        ctx.want_response()
+        return None
+
+    @hookimpl
+    def kanal_response(self, ctx: ResponseContext) -> None:
+        verdict: Verdict | None = ctx.notes.get("verdict")
+        if verdict is None:
+            return
+        response = _with_extra(ctx.response, verdict)
+        if verdict.filtered and ctx.request is not None:
+            decide, _, _, _ = self._decide(ctx.connection)
+            response = filter_response(ctx.api_key, ctx.request, response, decide.decide)
+        ctx.response = response
+
+    async def _names(self, request: Any) -> dict[uuid.UUID, str]:
+        """Names of the topics a request names by id only (Produce, Fetch v13+; Metadata, DeleteTopics
+        by id), from the gateway's cache or the cluster."""
+        names: dict[uuid.UUID, str] = {}
+        for field_name in ("topic_data", "topics"):
+            for entry in getattr(request, field_name, None) or ():
+                topic_id = getattr(entry, "topic_id", None)
+                if topic_id is not None and not _named(entry) and topic_id not in names:
+                    names[topic_id] = self._topic_names.name(topic_id) or await self._topic_names.resolve(topic_id)
+        return names
+
+    def _audit(self, ctx: RequestContext, denied: list[Denial]) -> None:
+        for denial in dict.fromkeys(denied):
+            self.services.audit(
+                AUTHORIZATION,
+                ctx.connection,
+                {
+                    "apiKey": api_name(ctx.api_key),
+                    "operation": denial.operation.name,
+                    "resourceType": denial.resource_type.name,
+                    "resourceName": denial.name,
+                    "decision": "DENIED",
+                },
+            )
+
+    async def _acl_api(self, ctx: RequestContext, decide: Check) -> Any:
+        api_key, version, request = ctx.api_key, ctx.api_version, ctx.request
+        operation = Operation.DESCRIBE if api_key == ApiKey.DESCRIBE_ACLS else Operation.ALTER
+        allowed = decide(operation, ResourceType.CLUSTER, CLUSTER_NAME)
+        if not allowed:
+            self._audit(ctx, decide.denied)
+        denied = ErrorCode.cluster_authorization_failed
+        if api_key == ApiKey.DESCRIBE_ACLS:
+            if not allowed:
+                return Reject(denied, _message(decide.denied))
+            found = self.directory.acls(self.vcluster).matching(acl_api.describe_filter(request))
+            return Respond(acl_api.describe_response(version, found))
+        if api_key == ApiKey.CREATE_ACLS:
+            wanted = acl_api.creations(request)
+            if not allowed:
+                return Respond(acl_api.create_response(version, [_message(decide.denied)] * len(wanted), denied))
+            valid = [acl for acl in wanted if isinstance(acl, AclBinding)]
+            await self.directory.create(valid, self.vcluster)
+            return Respond(acl_api.create_response(version, [None if isinstance(a, AclBinding) else a for a in wanted]))
+        filters = acl_api.delete_filters(request)
+        if not allowed:
+            return Respond(acl_api.delete_response(version, [[] for _ in filters], denied))
+        deleted = await self.directory.delete(filters, self.vcluster)
+        return Respond(acl_api.delete_response(version, deleted))
+
+
+def _named(entry: Any) -> bool:
+    return bool(getattr(entry, "name", None) or getattr(entry, "topic", None))
+
+
+def _topic_name(entry: Any, names: dict[uuid.UUID, str]) -> str:
+    if isinstance(entry, str):
+        return entry
+    name = getattr(entry, "name", None) or getattr(entry, "topic", None)
+    if name:
+        return str(name)
+    return names.get(getattr(entry, "topic_id", None), "")  # type: ignore[arg-type]
+
+
+def _with_extra(response: Any, verdict: Verdict) -> Any:
+    """The response with the error entries of the denied part of the request."""
+    if not verdict.extra:
+        return response
+    added: dict[str, list[Any]] = {}
+    for field_name, entry in verdict.extra:
+        added.setdefault(field_name, []).append(entry)
+    return replace(response, **{name: (*getattr(response, name), *entries) for name, entries in added.items()})
+
+
+def _message(denied: list[Denial]) -> str:
+    if not denied:
+        return "not authorized"
+    first = denied[0]
+    return f"not authorized to {first.operation.name} {first.resource_type.name} {first.name!r}"
