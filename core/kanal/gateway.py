@@ -23,7 +23,7 @@ from kanal.api.resources import KindRegistry
 from kanal.api.services import Service
 from kanal.audit import AuditLog, node_source
 from kanal.authz.enforcer import ACL_APIS, AclEnforcer
-from kanal.authz.store import AclDirectory
+from kanal.authz.store import AclDirectory, acl_from_json
 from kanal.config.settings import Settings
 from kanal.identity.accounts import ServiceAccounts
 from kanal.identity.directory import Directory
@@ -50,11 +50,17 @@ from kanal.protocol.sasl_mechanisms import Identity
 from kanal.protocol.sasl_server import Authenticator
 from kanal.protocol.topic_names import TopicNames
 from kanal.services import CoreServices, PluginServices, ResolvingTopicNames, TokenIdentities
+from kanal.tenancy.clusters import KAFKA_API, REST_API, VirtualClusters
+from kanal.tenancy.interceptor import VirtualClusterNames
+from kanal.tenancy.names import VirtualNames
 
 log = logging.getLogger(__name__)
 # accept(2) failing for lack of descriptors or memory: the listener waits and goes on (as trio's
 # serve_listeners does) rather than the gateway stopping.
 _ACCEPT_CAPACITY_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS})
+# Priorities of the core's built-in interceptors: outside and inside every configured one.
+_OUTERMOST = -(2**63)
+_INNERMOST = 2**63 - 1
 
 
 @dataclass(frozen=True)
@@ -149,12 +155,29 @@ class Gateway:
         if super_users is None:
             super_users = tuple(user.username for user in settings.admin_api_users)
         self.acls = AclDirectory(super_users)
+        # Followed from startup when the passthrough cluster's ACLs are on, else from the first
+        # virtual cluster with ACLs on (a request decided before it is read is denied).
+        self._follow_acls: Service | None = self._acl_store()
         if settings.acl_enabled:
-            self._enforce_acls()
+            self.services.append(self._follow_acls)
+            self._follow_acls = None
+        self.virtual_clusters = VirtualClusters(on_change=self._virtual_clusters_changed)
+        self.pipeline.builtins = self._builtins
+        if settings.acl_enabled:
+            self.core_rules.answered_here = ACL_APIS
 
-    def _enforce_acls(self) -> None:
-        """GATEWAY_ACL_ENABLED: the ACL store (its topic followed like the resources') and the
-        enforcer, outermost in the chain of every passthrough connection."""
+    def _virtual_clusters_changed(self) -> None:
+        """The virtual clusters' ACL configuration and chains follow their resources."""
+        clusters = list(self.virtual_clusters)
+        self.acls.configure(
+            {c.name: c.super_users for c in clusters if c.acl_mode == KAFKA_API},
+            {c.name: [acl_from_json(a) for a in c.acls] for c in clusters if c.acl_mode == REST_API},
+        )
+        self.pipeline.builtins_changed()
+
+    def _acl_store(self) -> Service:
+        """The ACLs created with the Kafka Admin API: a store on their own compacted topic,
+        followed like the admin resources' (GATEWAY_ACLS_TOPIC)."""
         settings = self.settings
         topic = settings.acls_topic or f"_kanal_{settings.cluster_id}_acls"
         timeout = settings.upstream_connect_timeout_ms / 1000
@@ -175,10 +198,25 @@ class Gateway:
                     await store.writer.aclose()
                     await store.reader.aclose()
 
-        self.services.append(follow)
-        spec = InterceptorSpec("kanal-acls", AclEnforcer.plugin_name, -(2**63), Scope(vcluster=PASSTHROUGH))
-        self.pipeline.install("acls", [(spec, AclEnforcer(self.acls, self.services_for("core")))])
-        self.core_rules.answered_here = ACL_APIS
+        return follow
+
+    def _builtins(self, vcluster: str | None) -> list[tuple[InterceptorSpec, Interceptor]]:
+        """The core's interceptors of a virtual cluster's connections (None: the passthrough
+        cluster's): ACL enforcement outermost when its ACLs are on, its names innermost."""
+        services = self.services_for("core")
+        scope = Scope(vcluster=PASSTHROUGH if vcluster is None else vcluster)
+        cluster = None if vcluster is None else self.virtual_clusters.get(vcluster)
+        items: list[tuple[InterceptorSpec, Interceptor]] = []
+        if self.settings.acl_enabled if vcluster is None else cluster is not None and cluster.acl_enabled:
+            if self._follow_acls is not None:
+                self.core_services.start_soon(self._follow_acls, (), "following the ACL topic")
+                self._follow_acls = None
+            spec = InterceptorSpec("kanal-acls", AclEnforcer.plugin_name, _OUTERMOST, scope)
+            items.append((spec, AclEnforcer(self.acls, services, vcluster)))
+        if vcluster is not None:
+            spec = InterceptorSpec("kanal-virtual-cluster", VirtualClusterNames.plugin_name, _INNERMOST, scope)
+            items.append((spec, VirtualClusterNames(VirtualNames(vcluster), services, vcluster)))
+        return items
 
     @property
     def resolving_topic_names(self) -> ResolvingTopicNames:

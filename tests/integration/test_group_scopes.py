@@ -162,8 +162,9 @@ def producer(gateway: GatewayProcess, http: Http, username: str) -> Producer:
     )
 
 
-def scope_seen(client: Producer, tansu: TansuBroker, topic: str) -> str | None:
-    """Produces one record through the gateway; the ``x-scope`` header the broker stored with it."""
+def scope_seen(client: Producer, tansu: TansuBroker, topic: str, username: str) -> str | None:
+    """Produces one record through the gateway; the ``x-scope`` header the broker stored with it
+    (a client in a virtual cluster writes to the topic under the virtual cluster's prefix)."""
     delivered: list[tuple[KafkaError | None, Message]] = []
     client.produce(topic, b"v", partition=0, on_delivery=lambda err, msg: delivered.append((err, msg)))
     client.flush(20)
@@ -172,7 +173,7 @@ def scope_seen(client: Producer, tansu: TansuBroker, topic: str) -> str | None:
     assert offset is not None
     consumer = Consumer({"bootstrap.servers": tansu.bootstrap, "group.id": f"read-{uuid.uuid4().hex}"})
     try:
-        consumer.assign([TopicPartition(topic, 0, offset)])
+        consumer.assign([TopicPartition((PRINCIPALS[username] or "") + topic, 0, offset)])
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline:
             message = consumer.poll(0.5)
@@ -231,7 +232,7 @@ def test_group_scopes_apply_to_members_user_scopes_win_and_edits_reach_open_conn
         "carol": "vcluster",  # in tenant-a, not a member
         "dave": "global",  # in no virtual cluster: only the scope for every virtual cluster
     }
-    assert {name: scope_seen(client, tansu, topic) for name, client in clients.items()} == expected
+    assert {name: scope_seen(client, tansu, topic, name) for name, client in clients.items()} == expected
     assert {name: resolved_scope(http, name) for name in PRINCIPALS} == expected
 
     # The group changes: alice leaves, carol joins; their open connections follow without reconnecting.
@@ -239,9 +240,9 @@ def test_group_scopes_apply_to_members_user_scopes_win_and_edits_reach_open_conn
     apply(http, tmp_path, EDITED_GROUP)
     after = {**expected, "alice": "vcluster", "carol": "group"}
     deadline = time.monotonic() + 30
-    seen = {name: scope_seen(client, tansu, topic) for name, client in clients.items()}
+    seen = {name: scope_seen(client, tansu, topic, name) for name, client in clients.items()}
     while seen != after and time.monotonic() < deadline:
-        seen = {name: scope_seen(client, tansu, topic) for name, client in clients.items()}
+        seen = {name: scope_seen(client, tansu, topic, name) for name, client in clients.items()}
     assert seen == after
     assert {name: resolved_scope(http, name) for name in PRINCIPALS} == after
     assert gateway.output.count("authenticated as") == logins  # no client logged in again

@@ -1,6 +1,10 @@
+from typing import Any
+
 import pytest
 from kafka_captures import frames
 
+from kanal.protocol.api import require_request_class
+from kanal.protocol.entities import build, nested
 from kanal.protocol.error_responses import error_response
 from kanal.protocol.messages import decode_request, decode_response, encode_response
 
@@ -60,3 +64,24 @@ def test_top_level_error_for_group_apis() -> None:
     for (key, version), request in _requests().items():
         if key in (11, 12, 14):
             assert error_response(key, version, request, 24).error_code == 24
+
+
+@pytest.mark.parametrize(
+    ("api_key", "version", "field", "entries", "response_field", "name_field"),
+    [
+        (44, 1, "resources", [{"resource_type": 4, "resource_name": "1"}], "responses", "resource_name"),
+        (15, 5, "groups", ["g", "h"], "groups", "group_id"),
+        (42, 2, "groups_names", ["g"], "results", "group_id"),
+        (65, 0, "transactional_ids", ["t"], "transaction_states", "transactional_id"),
+    ],
+)
+def test_apis_with_errors_per_entry_only_answer_each_entry(
+    api_key: int, version: int, field: str, entries: list[Any], response_field: str, name_field: str
+) -> None:
+    cls = require_request_class(api_key, version)
+    values = tuple(build(nested(cls, field), **e) if isinstance(e, dict) else e for e in entries)
+    body = error_response(api_key, version, build(cls, **{field: values}), 31, "not here")
+    names = [e["resource_name"] if isinstance(e, dict) else e for e in entries]
+    assert [getattr(e, name_field) for e in getattr(body, response_field)] == names
+    assert {e.error_code for e in getattr(body, response_field)} == {31}
+    assert decode_response(api_key, version, encode_response(body, 1)) == body

@@ -279,7 +279,7 @@ def resolve(gateway: GatewayHost, kind: ResourceKind, body: Any) -> list[Manifes
         chain = gateway.pipeline.resolve(identity.principal, tuple(identity.groups), identity.vcluster)
     else:
         chain = gateway.pipeline.resolve(None, (), vcluster)  # an anonymous client
-    return [manifest_from_spec(kind, c.spec) for c in chain.interceptors]
+    return [manifest_from_spec(kind, c.spec) for c in chain.interceptors if not c.builtin]
 
 
 def plugin_catalogue(registry: PluginRegistry) -> list[dict[str, Any]]:

@@ -25,7 +25,7 @@ from kanal.api.services import GatewayServices
 from kanal.authz import acl_api
 from kanal.authz.acl import AclBinding, Authorizer, user_principal
 from kanal.authz.requests import OPEN, Check, Denial, Verdict, check, filter_response
-from kanal.authz.store import AclDirectory
+from kanal.authz.store import AclDirectory, AclStoreUnavailable
 from kanal.protocol.acl_codes import CLUSTER_NAME, Operation, ResourceType
 from kanal.protocol.api import ApiKey, api_name
 from kanal.protocol.entities import build
@@ -36,6 +36,8 @@ __all__ = ["ACL_APIS", "AUTHORIZATION", "AclEnforcer", "client_host"]
 AUTHORIZATION = "AUTHORIZATION"
 ACL_APIS = frozenset({ApiKey.CREATE_ACLS, ApiKey.DESCRIBE_ACLS, ApiKey.DELETE_ACLS})
 _ANONYMOUS = "User:ANONYMOUS"
+_UNAVAILABLE = ErrorCode.request_timed_out  # retriable: the client's library tries again
+_DECLARED = "the ACLs of virtual cluster {!r} are those of its VirtualCluster resource (aclMode REST_API)"
 
 
 def client_host(address: str) -> str:
@@ -98,9 +100,11 @@ class AclEnforcer(Interceptor):
         if verdict is None:
             return
         response = _with_extra(ctx.response, verdict)
-        if verdict.filtered and ctx.request is not None:
+        if verdict.filtered:
+            # the request as this enforcer let it go (inner interceptors may have changed ctx.request)
+            request = verdict.request if verdict.request is not None else ctx.request
             decide, _, _, _ = self._decide(ctx.connection)
-            response = filter_response(ctx.api_key, ctx.request, response, decide.decide)
+            response = filter_response(ctx.api_key, request, response, decide.decide)
         ctx.response = response
 
     async def _names(self, request: Any) -> dict[uuid.UUID, str]:
@@ -140,17 +144,27 @@ class AclEnforcer(Interceptor):
                 return Reject(denied, _message(decide.denied))
             found = self.directory.acls(self.vcluster).matching(acl_api.describe_filter(request))
             return Respond(acl_api.describe_response(version, found))
+        declared = self.directory.declares(self.vcluster)
+        if declared:  # aclMode REST_API: the VirtualCluster resource holds them
+            denied = ErrorCode.invalid_request
         if api_key == ApiKey.CREATE_ACLS:
             wanted = acl_api.creations(request)
-            if not allowed:
-                return Respond(acl_api.create_response(version, [_message(decide.denied)] * len(wanted), denied))
+            if not allowed or declared:
+                reason = _DECLARED.format(self.vcluster) if allowed else _message(decide.denied)
+                return Respond(acl_api.create_response(version, [reason] * len(wanted), denied))
             valid = [acl for acl in wanted if isinstance(acl, AclBinding)]
-            await self.directory.create(valid, self.vcluster)
+            try:
+                await self.directory.create(valid, self.vcluster)
+            except AclStoreUnavailable as exc:
+                return Respond(acl_api.create_response(version, [str(exc)] * len(wanted), _UNAVAILABLE))
             return Respond(acl_api.create_response(version, [None if isinstance(a, AclBinding) else a for a in wanted]))
         filters = acl_api.delete_filters(request)
-        if not allowed:
+        if not allowed or declared:
             return Respond(acl_api.delete_response(version, [[] for _ in filters], denied))
-        deleted = await self.directory.delete(filters, self.vcluster)
+        try:
+            deleted = await self.directory.delete(filters, self.vcluster)
+        except AclStoreUnavailable:
+            return Respond(acl_api.delete_response(version, [[] for _ in filters], _UNAVAILABLE))
         return Respond(acl_api.delete_response(version, deleted))
 
 

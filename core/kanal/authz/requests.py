@@ -21,7 +21,7 @@ so a new API never slips through unchecked.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from kio.schema.errors import ErrorCode
@@ -29,8 +29,9 @@ from kio.schema.errors import ErrorCode
 from kanal.protocol.acl_codes import CLUSTER_NAME, Operation, ResourceType
 from kanal.protocol.api import ApiKey
 from kanal.protocol.entities import build, has_field, nested
+from kanal.protocol.error_responses import error_entry
 
-__all__ = ["Check", "Decide", "Denial", "Verdict", "authorized_operations", "check", "error_entry", "filter_response"]
+__all__ = ["Check", "Decide", "Denial", "Verdict", "authorized_operations", "check", "filter_response"]
 
 Op, Res = Operation, ResourceType
 #: Whether the connection's principal may do an operation on a resource (the enforcer's decision).
@@ -84,87 +85,6 @@ class Check:
             return True
         self.denied.append(Denial(operation, resource_type, name))
         return False
-
-
-# -- error entries ---------------------------------------------------------------------------------
-
-_NAME_FIELDS = ("name", "topic", "topic_id", "group_id", "transactional_id", "key", "resource_type", "resource_name")
-_STRING_TARGETS = ("group_id", "transactional_id", "key", "name")
-_INDEX_FIELDS = ("partition_index", "index", "partition")
-_UNKNOWN = -1
-_MINUS_ONE = frozenset(
-    {
-        "base_offset",
-        "log_start_offset",
-        "high_watermark",
-        "last_stable_offset",
-        "committed_offset",
-        "committed_leader_epoch",
-        "leader_epoch",
-        "end_offset",
-        "low_watermark",
-        "offset",
-        "timestamp",
-        "node_id",
-        "port",
-        "leader_id",
-        "preferred_read_replica",
-    }
-)
-
-
-def _index(source: Any) -> Any:
-    if isinstance(source, int):
-        return source
-    return next((getattr(source, name) for name in _INDEX_FIELDS if hasattr(source, name)), 0)
-
-
-def _parts(source: Any) -> tuple[Any, ...]:
-    """The sub-entries (partitions) of a request entry: its first tuple field."""
-    for f in fields(source):
-        value = getattr(source, f.name)
-        if isinstance(value, tuple):
-            return value
-    return ()
-
-
-def error_entry(cls: type, source: Any, error_code: ErrorCode, message: str | None = None) -> Any:
-    """A response entry of ``cls`` answering the request entry ``source`` (an entity, or a bare name
-    such as a group id) with ``error_code``: the same name, and one errored sub-entry per partition."""
-    values: dict[str, Any] = {}
-    for f in fields(cls):
-        name = f.name
-        if name in ("error_code", "partition_error_code"):
-            values[name] = error_code
-        elif name == "error_message":
-            values[name] = message
-        elif name in _INDEX_FIELDS:
-            values[name] = _index(source)
-        elif name in _MINUS_ONE:
-            values[name] = _UNKNOWN
-        elif isinstance(source, str):
-            continue
-        elif name in _NAME_FIELDS and hasattr(source, name):
-            values[name] = getattr(source, name)
-        elif name == "name" and hasattr(source, "topic"):
-            values[name] = source.topic
-        elif name == "topic" and hasattr(source, "name"):
-            values[name] = source.name
-        elif not isinstance(source, int) and _entity_tuple(cls, name):
-            part_cls = nested(cls, name)
-            values[name] = tuple(error_entry(part_cls, part, error_code, message) for part in _parts(source))
-    if isinstance(source, str):
-        target = next(name for name in _STRING_TARGETS if has_field(cls, name))
-        values[target] = source
-    return build(cls, **values)
-
-
-def _entity_tuple(cls: type, name: str) -> bool:
-    try:
-        entity = nested(cls, name)
-    except (IndexError, TypeError, StopIteration):
-        return False
-    return isinstance(entity, type) and hasattr(entity, "__dataclass_fields__")
 
 
 # -- the rules, per API ----------------------------------------------------------------------------

@@ -12,18 +12,27 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Protocol
 
-from kanal.api.resources import Key, Manifest, ResourceKind, StateView, Status, invalid
+import trio
+
+from kanal.api.resources import Key, Manifest, ResourceError, ResourceKind, StateView, Status, invalid
 from kanal.authz.acl import AclBinding, AclFilter, Acls, Authorizer
 from kanal.protocol.acl_codes import Operation, PatternType, Permission, ResourceType
 
-__all__ = ["ACL_KIND", "AclDirectory", "AclWrites"]
+__all__ = ["ACL_KIND", "AclDirectory", "AclStoreUnavailable", "AclWrites", "acl_from_json"]
 
 ACL_KIND = "KafkaAcl"
+_LOAD_WAIT = 10.0  # seconds a change waits for the ACL topic to be read
 _FIELDS = ("resourceType", "resourceName", "patternType", "principal", "host", "operation", "permission")
+
+
+class AclStoreUnavailable(Exception):
+    """The ACL topic cannot be written now (not read yet, or the cluster does not answer)."""
 
 
 class AclWrites(Protocol):
     """Where ACL changes are written (the gateway's resource store on the ACL topic)."""
+
+    loaded: trio.Event
 
     async def put(self, kind: ResourceKind, manifest: Any, *, dry_run: bool = False) -> Any: ...
 
@@ -79,16 +88,61 @@ def _binding(manifest: Mapping[str, Any]) -> AclBinding:
     )
 
 
+def acl_from_json(entry: Any) -> AclBinding:
+    """An ACL as a VirtualCluster's ``spec.acls`` lists it (Kafka's AclBinding, in JSON)::
+
+        {resourcePattern: {resourceType: TOPIC, name: orders-, patternType: PREFIXED},
+         principal: User:orders-app, host: "*", operation: READ, permissionType: ALLOW}
+
+    ``host`` defaults to ``*``, ``patternType`` to LITERAL, ``permissionType`` to ALLOW. Raises
+    ValueError saying what is wrong."""
+    if not isinstance(entry, Mapping):
+        raise ValueError("an ACL must be an object {resourcePattern, principal, host, operation, permissionType}")
+    unknown = set(entry) - {"resourcePattern", "principal", "host", "operation", "permissionType"}
+    if unknown:
+        raise ValueError(f"unknown ACL field {sorted(unknown)[0]!r}")
+    pattern = entry.get("resourcePattern")
+    if not isinstance(pattern, Mapping):
+        raise ValueError("resourcePattern is required: {resourceType, name, patternType}")
+    unknown = set(pattern) - {"resourceType", "name", "patternType"}
+    if unknown:
+        raise ValueError(f"unknown resourcePattern field {sorted(unknown)[0]!r}")
+
+    def member(enum: Any, value: Any, field: str) -> Any:
+        try:
+            return enum[str(value).upper()]
+        except KeyError:
+            raise ValueError(f"{field}: {value!r} is not one of {', '.join(enum.__members__)}") from None
+
+    acl = AclBinding(
+        member(ResourceType, pattern.get("resourceType"), "resourcePattern.resourceType"),
+        str(pattern.get("name") or ""),
+        member(PatternType, pattern.get("patternType", "LITERAL"), "resourcePattern.patternType"),
+        str(entry.get("principal") or ""),
+        str(entry.get("host", "*")),
+        member(Operation, entry.get("operation"), "operation"),
+        member(Permission, entry.get("permissionType", "ALLOW"), "permissionType"),
+    )
+    problem = acl.problem()
+    if problem is not None:
+        raise ValueError(problem)
+    return acl
+
+
 class AclDirectory:
     """The ACLs of the passthrough cluster and of each virtual cluster, as this node has read them,
-    with the super users who bypass them."""
+    with the super users who bypass them.
+
+    A cluster's ACLs are those created with the Kafka Admin API (stored), unless its VirtualCluster
+    declares them (``aclMode: REST_API``, :meth:`declare`): then those, and the Admin API only reads."""
 
     def __init__(self, super_users: Iterable[str] = ()) -> None:
         self.super_users = tuple(super_users)
         self.writes: AclWrites | None = None  # set by the gateway once its ACL store exists
-        self._acls: dict[str | None, Acls] = {}
+        self._acls: dict[str | None, Acls] = {}  # stored
+        self._declared: dict[str, Acls] = {}
+        self._super_users: dict[str, tuple[str, ...]] = {}
         self._authorizers: dict[str | None, Authorizer] = {}
-        self.version = 0  # moves on every change, so enforcers drop what they remember
         self.kind = ResourceKind(
             ACL_KIND,
             "kafka-acl",
@@ -99,35 +153,62 @@ class AclDirectory:
             has_status=False,
         )
 
+    def configure(self, super_users: Mapping[str, Sequence[str]], declared: Mapping[str, Sequence[AclBinding]]) -> None:
+        """The virtual clusters' super users, and the ACLs of those that declare theirs (REST_API)."""
+        self._super_users = {vcluster: tuple(users) for vcluster, users in super_users.items()}
+        self._declared = {vcluster: Acls(acls) for vcluster, acls in declared.items()}
+        self._authorizers = {}
+
+    def declares(self, vcluster: str | None) -> bool:
+        """Whether the cluster's ACLs are declared in its resource (the Admin API may only read them)."""
+        return vcluster in self._declared
+
     def acls(self, vcluster: str | None = None) -> Acls:
+        if vcluster is not None and vcluster in self._declared:
+            return self._declared[vcluster]
         return self._acls.get(vcluster) or Acls()
 
     def authorizer(self, vcluster: str | None = None) -> Authorizer:
         """The authorizer of one cluster (None: the passthrough one); replaced on every change."""
         authorizer = self._authorizers.get(vcluster)
         if authorizer is None:
-            authorizer = self._authorizers[vcluster] = Authorizer(self.acls(vcluster), self.super_users)
+            super_users = self.super_users if vcluster is None else self._super_users.get(vcluster, ())
+            authorizer = self._authorizers[vcluster] = Authorizer(self.acls(vcluster), super_users)
         return authorizer
 
     async def create(self, bindings: Sequence[AclBinding], vcluster: str | None = None) -> None:
-        """Stores ACLs (an existing one is left as it is); returns once this node applies them."""
-        writes = self._writes()
-        for acl in bindings:
-            await writes.put(self.kind, _manifest(acl, vcluster))
+        """Stores ACLs (an existing one is left as it is); returns once this node applies them.
+        Raises AclStoreUnavailable."""
+        writes = await self._writes()
+        try:
+            for acl in bindings:
+                await writes.put(self.kind, _manifest(acl, vcluster))
+        except ResourceError as exc:
+            raise AclStoreUnavailable(exc.msg) from exc
 
     async def delete(self, filters: Sequence[AclFilter], vcluster: str | None = None) -> list[list[AclBinding]]:
-        """Deletes the ACLs each filter matches; returns them per filter (one ACL may match several)."""
-        writes = self._writes()
+        """Deletes the ACLs each filter matches; returns them per filter (one ACL may match several).
+        Raises AclStoreUnavailable."""
+        writes = await self._writes()
         acls = self.acls(vcluster)
         matched = [acls.matching(selector) for selector in filters]
-        for acl in dict.fromkeys(acl for found in matched for acl in found):
-            await writes.delete(self.kind, (_name(acl), vcluster))
+        try:
+            for acl in dict.fromkeys(acl for found in matched for acl in found):
+                await writes.delete(self.kind, (_name(acl), vcluster))
+        except ResourceError as exc:
+            raise AclStoreUnavailable(exc.msg) from exc
         return matched
 
-    def _writes(self) -> AclWrites:
-        if self.writes is None:
-            raise RuntimeError("the ACL store is not running")
-        return self.writes
+    async def _writes(self) -> AclWrites:
+        """The store, once it has read the topic (its follower may have just started)."""
+        writes = self.writes
+        if writes is None:
+            raise AclStoreUnavailable("the ACL store is not running")
+        with trio.move_on_after(_LOAD_WAIT):
+            await writes.loaded.wait()
+        if not writes.loaded.is_set():
+            raise AclStoreUnavailable(f"the ACL topic was not read within {_LOAD_WAIT:g} s; retry shortly")
+        return writes
 
     def _validate(self, manifest: Manifest, state: StateView) -> Manifest:
         try:
@@ -144,5 +225,4 @@ class AclDirectory:
             by_cluster.setdefault(manifest["metadata"].get("vCluster"), []).append(_binding(manifest))
         self._acls = {vcluster: Acls(bindings) for vcluster, bindings in by_cluster.items()}
         self._authorizers = {}
-        self.version += 1
         return None

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import pluggy
@@ -35,6 +35,14 @@ def _no_groups(principal: str, vcluster: str | None, claimed: tuple[str, ...]) -
     return ()
 
 
+#: The core's built-in interceptors of a virtual cluster (None: the passthrough one), with their specs.
+Builtins = Callable[[str | None], Sequence[tuple[InterceptorSpec, Interceptor]]]
+
+
+def _no_builtins(vcluster: str | None) -> Sequence[tuple[InterceptorSpec, Interceptor]]:
+    return ()
+
+
 _HOOK_NAMES = (
     "kanal_connection_opened",
     "kanal_connection_closed",
@@ -52,6 +60,7 @@ class Configured:
     spec: InterceptorSpec
     instance: Interceptor
     hooks: dict[str, Hook]
+    builtin: bool = False  # the core's own (ACLs, virtual-cluster names): not a configured resource
 
 
 ServicesFor = Callable[[str], GatewayServices]
@@ -234,6 +243,11 @@ class Pipeline:
         self.retire = retire  # called with each interceptor replaced or removed, to be closed
         self.version = 0
         self.groups_of: GroupsOf = _no_groups
+        #: The core's own interceptors for the connections of a virtual cluster (None: in none), such
+        #: as ACL enforcement and virtual-cluster names; set by the gateway, they sort by priority
+        #: with the configured ones (the core's take the extreme priorities).
+        self.builtins: Builtins = _no_builtins
+        self._builtins: dict[str | None, list[Configured]] = {}
         self._sources: dict[str, dict[tuple[str, Any], Configured]] = {}
         self._cache: dict[tuple[str | None, tuple[str, ...], str | None], ResolvedChain] = {}
 
@@ -281,15 +295,21 @@ class Pipeline:
             if id(item.instance) not in kept_now:
                 self.retire(item.instance)
 
-    def install(self, source: str, items: Sequence[tuple[InterceptorSpec, Interceptor]]) -> None:
-        """Replaces the interceptors of one source with instances the core built itself (its
-        built-in interceptors, such as ACL enforcement), checked against the hookspecs like any."""
-        previous = self._sources.get(source, {})
-        self._sources[source] = {(spec.name, spec.scope): configured(spec, instance) for spec, instance in items}
+    def builtins_changed(self) -> None:
+        """The core's built-in interceptors changed (:attr:`builtins`): every chain is resolved again."""
+        previous, self._builtins = self._builtins, {}
         self._cache.clear()
         self.version += 1
-        for item in previous.values():
-            self.retire(item.instance)
+        for items in previous.values():
+            for item in items:
+                self.retire(item.instance)
+
+    def _builtins_of(self, vcluster: str | None) -> list[Configured]:
+        items = self._builtins.get(vcluster)
+        if items is None:
+            built = [configured(spec, instance) for spec, instance in self.builtins(vcluster)]
+            items = self._builtins[vcluster] = [replace(item, builtin=True) for item in built]
+        return items
 
     def groups_changed(self) -> None:
         """Group memberships changed: every connection works out its groups and chain again at its
@@ -297,8 +317,9 @@ class Pipeline:
         self.version += 1
 
     def instances(self) -> list[Interceptor]:
-        """Every live interceptor, of every source."""
-        return [c.instance for items in self._sources.values() for c in items.values()]
+        """Every live interceptor, of every source (the built-in ones included)."""
+        configured = [c.instance for items in self._sources.values() for c in items.values()]
+        return configured + [c.instance for items in self._builtins.values() for c in items]
 
     def specs(self, source: str | None = None) -> list[InterceptorSpec]:
         """The configured interceptors, of one source or of all."""
@@ -322,7 +343,8 @@ class Pipeline:
                     current = chosen.get(item.spec.name)
                     if current is None or _beats(item.spec.scope, current.spec.scope):
                         chosen[item.spec.name] = item
-            ordered = sorted(chosen.values(), key=lambda c: (c.spec.priority, c.spec.name))
+            items = [*chosen.values(), *self._builtins_of(vcluster)]
+            ordered = sorted(items, key=lambda c: (c.spec.priority, c.spec.name))
             chain = self._cache[key] = build_chain(ordered)
         return chain
 

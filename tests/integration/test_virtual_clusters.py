@@ -1,0 +1,226 @@
+"""Two tenants in two virtual clusters use the same topic, group and transactional id names on one
+physical cluster without seeing each other, with each client library."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import secrets
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
+from confluent_kafka.admin import (
+    AclBinding,
+    AclOperation,
+    AclPermissionType,
+    AdminClient,
+    AlterConfigOpType,
+    ConfigEntry,
+    ConfigResource,
+    NewTopic,
+    ResourcePatternType,
+    ResourceType,
+)
+from inprocess import bootstrap_of, inprocess_gateway
+from kafka import KafkaConsumer, KafkaProducer
+
+from kanal.embedded import TansuBroker
+from kanal.gateway import Gateway
+from kanal.identity.accounts import AccountType, ServiceAccount
+from kanal.identity.tokens import mint
+from kanal.tenancy.clusters import VirtualCluster
+
+SECRET = secrets.token_bytes(32)
+TENANTS = ("team-a.", "team-b.")
+
+
+@pytest.fixture
+def gateway(tansu: TansuBroker) -> Iterator[Gateway]:
+    env = {
+        "GATEWAY_SECURITY_PROTOCOL": "SASL_PLAINTEXT",
+        "GATEWAY_USER_POOL_SECRET_KEY": base64.b64encode(SECRET).decode(),
+    }
+    with inprocess_gateway(tansu, env=env) as gw:
+        gw.virtual_clusters.replace([VirtualCluster(name) for name in TENANTS])
+        gw.service_accounts.replace(
+            [ServiceAccount("app", tenant, AccountType.LOCAL) for tenant in TENANTS]
+            + [ServiceAccount("ops", None, AccountType.LOCAL)]
+        )
+        yield gw
+
+
+def _config(gw: Gateway, tenant: str | None, user: str = "app") -> dict[str, Any]:
+    return {
+        "bootstrap.servers": bootstrap_of(gw),
+        "security.protocol": "SASL_PLAINTEXT",
+        "sasl.mechanism": "PLAIN",
+        "sasl.username": user,
+        "sasl.password": mint(user, tenant, 600, SECRET),
+    }
+
+
+def _consume(config: dict[str, Any], topic: str, group: str, count: int) -> list[bytes]:
+    consumer = Consumer(
+        {
+            **config,
+            "group.id": group,
+            "auto.offset.reset": "earliest",
+            "session.timeout.ms": 6000,
+            "heartbeat.interval.ms": 500,
+            "isolation.level": "read_committed",
+        }
+    )
+    consumer.subscribe([topic])
+    values: list[bytes] = []
+    deadline = time.monotonic() + 60
+    while len(values) < count and time.monotonic() < deadline:
+        message = consumer.poll(0.5)
+        if message is not None and message.error() is None:
+            values.append(message.value())
+    consumer.commit(asynchronous=False)
+    consumer.close()
+    return values
+
+
+def test_two_tenants_share_names_but_nothing_else(gateway: Gateway, unique_topic: Callable[..., str]) -> None:
+    topic = unique_topic()
+    for tenant in TENANTS:
+        admin = AdminClient(_config(gateway, tenant))
+        for future in admin.create_topics([NewTopic(topic, 1)], request_timeout=10).values():
+            future.result()
+        producer = Producer({**_config(gateway, tenant), "transactional.id": "tx", "message.timeout.ms": 10000})
+        producer.init_transactions(15)
+        producer.begin_transaction()
+        producer.produce(topic, f"from {tenant}".encode())
+        producer.commit_transaction(15)
+
+    for tenant in TENANTS:
+        assert _consume(_config(gateway, tenant), topic, "readers", 1) == [f"from {tenant}".encode()]
+        seen = Producer(_config(gateway, tenant)).list_topics(timeout=10).topics
+        assert topic in seen and not any(name.startswith(TENANTS) for name in seen), sorted(seen)
+        assert not any(name.startswith("_kanal") or name.startswith("__") for name in seen), sorted(seen)
+        admin = AdminClient(_config(gateway, tenant))
+        groups = admin.list_consumer_groups(request_timeout=10).result()
+        assert [g.group_id for g in groups.valid] == ["readers"]
+        reader = Consumer({**_config(gateway, tenant), "group.id": "readers"})
+        committed = reader.committed([TopicPartition(topic, 0)], timeout=10)
+        reader.close()
+        # past the record (and, once the consumer read that far, the transaction's marker)
+        assert committed[0].offset in (1, 2) and committed[0].error is None
+
+    # The physical cluster holds each tenant's topic, group and transactional id under its prefix.
+    ops = Producer(_config(gateway, None, "ops")).list_topics(timeout=10).topics
+    assert {f"{tenant}{topic}" for tenant in TENANTS} <= set(ops)
+    ops_admin = AdminClient(_config(gateway, None, "ops"))
+    physical_groups = ops_admin.list_consumer_groups(request_timeout=10).result()
+    assert {f"{tenant}readers" for tenant in TENANTS} <= {g.group_id for g in physical_groups.valid}
+
+
+def test_kafka_python_and_aiokafka_clients_stay_in_their_virtual_cluster(
+    gateway: Gateway, unique_topic: Callable[..., str]
+) -> None:
+    topic = unique_topic()
+
+    def sasl(tenant: str) -> dict[str, Any]:
+        return {
+            "bootstrap_servers": bootstrap_of(gateway),
+            "security_protocol": "SASL_PLAINTEXT",
+            "sasl_mechanism": "PLAIN",
+            "sasl_plain_username": "app",
+            "sasl_plain_password": mint("app", tenant, 600, SECRET),
+        }
+
+    producer = KafkaProducer(**sasl("team-a."))
+    producer.send(topic, b"kafka-python in a").get(timeout=15)
+    producer.close()
+
+    async def aio() -> list[bytes]:
+        aio_producer = AIOKafkaProducer(**sasl("team-b."))
+        await aio_producer.start()
+        try:
+            await aio_producer.send_and_wait(topic, b"aiokafka in b")
+        finally:
+            await aio_producer.stop()
+        consumer = AIOKafkaConsumer(topic, auto_offset_reset="earliest", **sasl("team-b."))
+        await consumer.start()
+        try:
+            batch = await consumer.getmany(timeout_ms=10000)
+            return [record.value for records in batch.values() for record in records]
+        finally:
+            await consumer.stop()
+
+    assert asyncio.run(aio()) == [b"aiokafka in b"]
+    consumer = KafkaConsumer(topic, auto_offset_reset="earliest", consumer_timeout_ms=5000, **sasl("team-a."))
+    assert [record.value for record in consumer] == [b"kafka-python in a"]
+    consumer.close()
+
+
+def test_a_topic_name_too_long_with_the_prefix_is_refused_naming_the_limit(gateway: Gateway) -> None:
+    admin = AdminClient(_config(gateway, "team-a."))
+    futures = admin.create_topics([NewTopic("x" * 245, 1)], request_timeout=10)
+    error = next(iter(futures.values())).exception()
+    assert error is not None and error.args[0].code() == KafkaError.TOPIC_EXCEPTION
+    assert "249" in error.args[0].str()
+
+
+def test_apis_on_the_whole_cluster_are_refused_in_a_virtual_cluster(gateway: Gateway) -> None:
+    admin = AdminClient(_config(gateway, "team-a."))
+    entry = ConfigEntry("log.retention.ms", "1000", incremental_operation=AlterConfigOpType.SET)
+    future = admin.incremental_alter_configs([ConfigResource(ResourceType.BROKER, "111", incremental_configs=[entry])])
+    error = next(iter(future.values())).exception()
+    assert error is not None and error.args[0].code() == KafkaError.CLUSTER_AUTHORIZATION_FAILED
+
+
+def test_a_tenant_super_user_manages_the_tenant_acls_on_logical_names(
+    tansu: TansuBroker, unique_topic: Callable[..., str]
+) -> None:
+    env = {
+        "GATEWAY_SECURITY_PROTOCOL": "SASL_PLAINTEXT",
+        "GATEWAY_USER_POOL_SECRET_KEY": base64.b64encode(SECRET).decode(),
+        "GATEWAY_ACLS_TOPIC": f"_kanal_acls_{secrets.token_hex(4)}",
+    }
+    allowed, other = unique_topic("allowed"), unique_topic("other")
+    with inprocess_gateway(tansu, env=env) as gw:
+        gw.virtual_clusters.replace(
+            [VirtualCluster("team-a.", acl_enabled=True, super_users=("boss",)), VirtualCluster("team-b.")]
+        )
+        gw.service_accounts.replace(
+            [ServiceAccount(name, "team-a.", AccountType.LOCAL) for name in ("app", "boss")]
+            + [ServiceAccount("app", "team-b.", AccountType.LOCAL)]
+        )
+        boss = AdminClient(_config(gw, "team-a.", "boss"))
+        for future in boss.create_topics([NewTopic(t, 1) for t in (allowed, other)], request_timeout=10).values():
+            future.result()
+        acl = AclBinding(
+            ResourceType.TOPIC,
+            allowed,
+            ResourcePatternType.LITERAL,
+            "User:app",
+            "*",
+            AclOperation.WRITE,
+            AclPermissionType.ALLOW,
+        )
+        for future in boss.create_acls([acl], request_timeout=10).values():
+            future.result()
+
+        def delivered(tenant: str, topic: str) -> KafkaError | None:
+            producer = Producer({**_config(gw, tenant), "message.timeout.ms": 10000})
+            outcome: list[KafkaError | None] = []
+            producer.produce(topic, b"v", on_delivery=lambda err, _msg: outcome.append(err))
+            producer.flush(15)
+            return outcome[0]
+
+        assert delivered("team-a.", allowed) is None
+        refused = delivered("team-a.", other)
+        assert refused is not None and refused.code() == KafkaError.TOPIC_AUTHORIZATION_FAILED
+        assert delivered("team-b.", other) is None  # another tenant, no ACLs enforced
+        # The ACL is on the logical name, and only the tenant sees it.
+        assert gw.acls.acls("team-a.").bindings[0].resource_name == allowed
+        assert gw.acls.acls(None).bindings == ()
+        team_b = AdminClient(_config(gw, "team-b."))  # ACLs are not enforced there: the ACL APIs are refused
+        refused_acl = team_b.create_acls([acl], request_timeout=10)[acl].exception()
+        assert refused_acl is not None and refused_acl.args[0].code() == KafkaError.CLUSTER_AUTHORIZATION_FAILED
