@@ -51,22 +51,24 @@ def new_topic_name(prefix: str) -> str:
     return f"bench-{prefix}-{uuid.uuid4().hex[:10]}"
 
 
-def create_topic(bootstrap: str, partitions: int = 1, prefix: str = "run") -> str:
-    """A fresh topic (created on the broker directly, so the gateway is not measured creating it)."""
+def create_topic(bootstrap: str, partitions: int = 1, prefix: str = "run", client: dict[str, Any] | None = None) -> str:
+    """A fresh topic (created on the broker directly, so the gateway is not measured creating it;
+    through the gateway with ``client``'s librdkafka properties, its credentials, where the name the
+    client uses is not the broker's, as in a virtual cluster)."""
     from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 
     name = new_topic_name(prefix)
-    admin = AdminClient({"bootstrap.servers": bootstrap, "log_level": 4})
+    admin = AdminClient({"bootstrap.servers": bootstrap, "log_level": 4, **(client or {})})
     for future in admin.create_topics([NewTopic(name, partitions, 1)], operation_timeout=30).values():
         future.result(timeout=30)
     return name
 
 
-def delete_topic(bootstrap: str, name: str) -> None:
+def delete_topic(bootstrap: str, name: str, client: dict[str, Any] | None = None) -> None:
     """Deletes a run's topic so the in-memory broker does not grow run after run (best effort)."""
     from confluent_kafka.admin import AdminClient
 
-    admin = AdminClient({"bootstrap.servers": bootstrap, "log_level": 4})
+    admin = AdminClient({"bootstrap.servers": bootstrap, "log_level": 4, **(client or {})})
     for future in admin.delete_topics([name], operation_timeout=30).values():
         try:
             future.result(timeout=30)

@@ -83,5 +83,6 @@ def idle_connections(opts: Options, name: str) -> Report:
 import kanalbench.dataquality_scenario  # noqa: E402  (dataquality-throughput)
 import kanalbench.pooling_scenario  # noqa: E402  (pooled-clients)
 import kanalbench.request_rate_scenario  # noqa: E402  (request-rate)
-import kanalbench.sasl_scenario  # noqa: E402, F401  (sasl-throughput)
+import kanalbench.sasl_scenario  # noqa: E402  (sasl-throughput)
+import kanalbench.tenancy_scenario  # noqa: E402, F401  (tenancy)
 from kanalbench import topicview_scenario  # noqa: E402, F401  (topicview-throughput)

@@ -171,6 +171,7 @@ def latency(
     payload: str = "bytes",
     linger_ms: float = 1.0,
     pids: dict[str, int] | None = None,
+    client: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Fixed-rate producer; latency = librdkafka's produce()-to-ack time of each record, read in its
     delivery callback, which a dedicated thread serves as soon as the ack arrives.
@@ -179,14 +180,15 @@ def latency(
     record sent (warm-up included) to the last one acknowledged, and the number of Produce requests
     librdkafka sent meanwhile (its statistics), so that CPU per request is exact even if a slow path
     makes librdkafka put several records in one request; also this client's CPU and the whole
-    machine's, to tell how busy other processes kept the cores."""
+    machine's, to tell how busy other processes kept the cores. ``client``: more librdkafka
+    properties (security settings), as for ``produce``."""
     from confluent_kafka import Producer
 
     stats: list[dict[str, Any]] = []
     extra: dict[str, Any] = {"linger.ms": linger_ms, "delivery.report.only.error": False}
     if pids:
         extra.update({"statistics.interval.ms": 100, "stats_cb": lambda text: stats.append(json.loads(text))})
-    producer = Producer(producer_config(bootstrap, **extra))
+    producer = Producer(producer_config(bootstrap, **extra, **(client or {})))
     producer.list_topics(topic, timeout=10)
     cpu_start = {name: tree_cpu_seconds(pid) for name, pid in (pids or {}).items()}
     window_start, client_start, idle_start = time.perf_counter(), time.process_time(), machine_idle_seconds()
@@ -230,7 +232,7 @@ def latency(
     producer.flush(30)
     cpu = {name: tree_cpu_seconds(pid) - cpu_start[name] for name, pid in (pids or {}).items()}
     window = time.perf_counter() - window_start
-    client, idle = time.process_time() - client_start, machine_idle_seconds() - idle_start
+    client_cpu, idle = time.process_time() - client_start, machine_idle_seconds() - idle_start
     requests = _produce_requests(stats, time.perf_counter() + 5.0) if pids else 0
     stop.set()
     poller.join()
@@ -251,7 +253,7 @@ def latency(
         "produce_requests": requests,
         "cpu": cpu,
         "window_s": window,
-        "client_cpu": client,  # every thread of this client, librdkafka's included
+        "client_cpu": client_cpu,  # every thread of this client, librdkafka's included
         "machine_busy_cpu": window * (os.cpu_count() or 1) - idle,  # every process on the machine
     }
 

@@ -99,3 +99,22 @@ def test_sasl_throughput_smoke_compares_authenticated_and_plaintext_clients(tmp_
         produced = metrics[(f"produce, {mode}", "rec/s")]
         assert len(produced["direct"]) == len(produced["gateway"]) == 1 and produced["gateway"][0] > 0
     assert metrics[("consume, sasl / plaintext", "x")]["gateway"][0] > 0
+
+
+def test_tenancy_smoke_compares_a_virtual_cluster_with_acls_and_passthrough(tmp_path: Path) -> None:
+    proc, report = _bench(
+        tmp_path,
+        "tenancy",
+        *("--size", "100", "--records", "500", "--rate", "200", "--seconds", "1", "--repeats", "1"),
+    )
+    assert "gateway CPU/request, vcluster - passthrough" in proc.stdout
+    metrics = {(m["name"], m["unit"]): m for m in report["metrics"]}
+    for mode in ("passthrough", "vcluster"):
+        for metric in ("produce", "consume"):
+            rate = metrics[(f"{metric}, {mode}", "rec/s")]
+            assert len(rate["direct"]) == len(rate["gateway"]) == 1 and rate["gateway"][0] > 0
+        cpu = metrics[(f"gateway CPU/request, {mode}", "us")]
+        assert cpu["direct"] == [] and len(cpu["gateway"]) == 1 and cpu["gateway"][0] > 0
+    for metric in ("produce", "consume"):
+        assert metrics[(f"{metric} rec/s, vcluster / passthrough", "x")]["gateway"][0] > 0
+    assert len(metrics[("gateway CPU/request, vcluster - passthrough", "us")]["gateway"]) == 1  # either sign

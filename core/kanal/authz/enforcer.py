@@ -23,7 +23,7 @@ from kanal.api.interceptor import Interceptor
 from kanal.api.results import Reject, Respond
 from kanal.api.services import GatewayServices
 from kanal.authz import acl_api
-from kanal.authz.acl import AclBinding, Authorizer, user_principal
+from kanal.authz.acl import AclBinding, user_principal
 from kanal.authz.requests import OPEN, Check, Denial, Verdict, check, filter_response
 from kanal.authz.store import AclDirectory, AclStoreUnavailable
 from kanal.protocol.acl_codes import CLUSTER_NAME, Operation, ResourceType
@@ -61,7 +61,8 @@ class AclEnforcer(Interceptor):
         self.vcluster = vcluster
         self._topic_names = services.topic_names
 
-    def _decide(self, connection: Connection) -> tuple[Check, Authorizer, str, str]:
+    def _decide(self, connection: Connection) -> Check:
+        """The decisions for this connection's principal and host, against the cluster's ACLs now."""
         authorizer = self.directory.authorizer(self.vcluster)
         principal = user_principal(connection.principal) if connection.principal else _ANONYMOUS
         host = client_host(connection.client_address)
@@ -72,11 +73,11 @@ class AclEnforcer(Interceptor):
         def decide_any(operation: Operation, resource_type: ResourceType) -> bool:
             return authorizer.allows_any(principal, host, operation, resource_type)
 
-        return Check(decide, decide_any), authorizer, principal, host
+        return Check(decide, decide_any)
 
     @hookimpl
     async def kanal_request(self, ctx: RequestContext) -> Any:
-        decide, _, _, _ = self._decide(ctx.connection)
+        decide = self._decide(ctx.connection)
         if ctx.api_key in ACL_APIS:
             return await self._acl_api(ctx, decide)
         response_cls = response_type(ctx.api_key, ctx.api_version)
@@ -103,7 +104,7 @@ class AclEnforcer(Interceptor):
         if verdict.filtered:
             # the request as this enforcer let it go (inner interceptors may have changed ctx.request)
             request = verdict.request if verdict.request is not None else ctx.request
-            decide, _, _, _ = self._decide(ctx.connection)
+            decide = self._decide(ctx.connection)
             response = filter_response(ctx.api_key, request, response, decide.decide)
         ctx.response = response
 
