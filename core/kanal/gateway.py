@@ -49,7 +49,7 @@ from kanal.protocol.rewrite import Address
 from kanal.protocol.sasl_mechanisms import Identity
 from kanal.protocol.sasl_server import Authenticator
 from kanal.protocol.topic_names import TopicNames
-from kanal.services import CoreServices, PluginServices, ResolvingTopicNames, TokenIdentities
+from kanal.services import CoreServices, PassthroughAcls, PluginServices, ResolvingTopicNames, TokenIdentities
 from kanal.tenancy.clusters import KAFKA_API, REST_API, VirtualClusters
 from kanal.tenancy.interceptor import VirtualClusterNames
 from kanal.tenancy.names import VirtualNames
@@ -165,6 +165,7 @@ class Gateway:
         self.pipeline.builtins = self._builtins
         if settings.acl_enabled:
             self.core_rules.answered_here = ACL_APIS
+            self.core_services.acls = PassthroughAcls(self.acls)
 
     def _virtual_clusters_changed(self) -> None:
         """The virtual clusters' ACL configuration and chains follow their resources."""
@@ -212,7 +213,8 @@ class Gateway:
                 self.core_services.start_soon(self._follow_acls, (), "following the ACL topic")
                 self._follow_acls = None
             spec = InterceptorSpec("kanal-acls", AclEnforcer.plugin_name, _OUTERMOST, scope)
-            items.append((spec, AclEnforcer(self.acls, services, vcluster)))
+            logical = None if vcluster is None else VirtualNames(vcluster).logical_topic
+            items.append((spec, AclEnforcer(self.acls, services, vcluster, logical)))
         if vcluster is not None:
             spec = InterceptorSpec("kanal-virtual-cluster", VirtualClusterNames.plugin_name, _INNERMOST, scope)
             items.append((spec, VirtualClusterNames(VirtualNames(vcluster), services, vcluster)))

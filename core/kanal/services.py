@@ -17,13 +17,17 @@ import trio
 from kanal.api.context import Connection
 from kanal.api.errors import UpstreamError
 from kanal.api.interceptor import InterceptorSpec
-from kanal.api.services import GatewayServices, Identities, KafkaClient, Principal, StateLog
+from kanal.api.services import GatewayAcls, GatewayServices, Identities, KafkaClient, Principal, StateLog
 from kanal.audit import AuditLog
+from kanal.authz.acl import user_principal
+from kanal.authz.store import AclDirectory
 from kanal.config.upstream import parse_upstream
 from kanal.identity.accounts import ServiceAccounts, user_pool_secret
 from kanal.identity.token_login import token_login
 from kanal.net.kafka_client import GatewayKafkaClient
 from kanal.net.state_log import CompactedLog
+from kanal.protocol.acl_codes import Operation as AclOperation
+from kanal.protocol.acl_codes import ResourceType as AclResourceType
 from kanal.protocol.topic_names import TopicNames
 
 if TYPE_CHECKING:
@@ -100,6 +104,7 @@ class CoreServices:
         self.pipeline = pipeline
         self.identities: Identities = TokenIdentities(settings.user_pool_secret_key, ServiceAccounts())
         self.audit_log: AuditLog | None = None  # the gateway's (plugins' events are dropped without one)
+        self.acls: GatewayAcls | None = None  # the passthrough cluster's, when the gateway enforces them
         self._plugins: dict[str, PluginServices] = {}
         self._nursery: trio.Nursery | None = None
         self._queued: list[tuple[Callable[..., Awaitable[Any]], tuple[Any, ...], str]] = []
@@ -169,6 +174,10 @@ class PluginServices(GatewayServices):
     def identities(self) -> Identities:
         return self._core.identities
 
+    @property
+    def acls(self) -> GatewayAcls | None:
+        return self._core.acls
+
     def settings(self, prefix: str) -> Mapping[str, str]:
         return {key: value for key, value in self._core.environ.items() if key.startswith(prefix)}
 
@@ -213,3 +222,16 @@ class PluginServices(GatewayServices):
             )
         else:
             audit_log.connection_event(event_type, connection, event_data)
+
+
+class PassthroughAcls(GatewayAcls):
+    """The passthrough cluster's ACLs as plugins see them (:attr:`GatewayServices.acls`)."""
+
+    def __init__(self, directory: AclDirectory) -> None:
+        self._directory = directory
+
+    def allows(
+        self, principal: str, operation: AclOperation, resource_type: AclResourceType, name: str, host: str = "*"
+    ) -> bool:
+        authorizer = self._directory.authorizer(None)
+        return authorizer.allows(user_principal(principal), host, operation, resource_type, name)

@@ -31,7 +31,7 @@ from kanal.api.context import Connection, RecordsContext, RequestContext, Respon
 from kanal.api.errors import LogError, UpstreamError
 from kanal.api.interceptor import Interceptor, InterceptorSpec, validate_config
 from kanal.api.results import PartitionError
-from kanal.api.services import Identities, KafkaClient, LogRecord, Principal, StateLog
+from kanal.api.services import GatewayAcls, Identities, KafkaClient, LogRecord, Principal, StateLog
 from kanal.net.upstream import own_request_class
 from kanal.pipeline.chain import Configured, build_chain, configured
 from kanal.pipeline.dispatch import Dispatcher, PartitionFailure, merge_partition_errors
@@ -158,8 +158,10 @@ class FakeServices:
         kafka: KafkaClient | None = None,
         topic_names: Mapping[uuid.UUID, str] | None = None,
         identities: Identities | None = None,
+        acls: GatewayAcls | None = None,
     ) -> None:
         self._cluster_id = cluster_id
+        self._acls = acls
         self._identities = identities if identities is not None else FakeIdentities()
         self.environ = dict(settings or {})
         self._metrics = CollectorRegistry()
@@ -195,6 +197,10 @@ class FakeServices:
     @property
     def identities(self) -> Identities:
         return self._identities
+
+    @property
+    def acls(self) -> GatewayAcls | None:
+        return self._acls
 
     def settings(self, prefix: str) -> Mapping[str, str]:
         return {key: value for key, value in self.environ.items() if key.startswith(prefix)}

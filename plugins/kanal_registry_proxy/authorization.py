@@ -2,8 +2,9 @@
 
 - ``reactive``: permissions of application instances received over Kafka
   (:mod:`kanal_registry_proxy.reactive`), applied live;
-- ``topic-acl``: the backing cluster's topic ACLs (:mod:`kanal_registry_proxy.acl`); the subject maps
-  to its topic by the topic name strategy, and a subject that maps to no topic is denied;
+- ``topic-acl``: the backing cluster's topic ACLs (:mod:`kanal_registry_proxy.acl`), or, when the
+  hosting gateway enforces ACLs itself (``GATEWAY_ACL_ENABLED``), the gateway's (one source of truth);
+  the subject maps to its topic by the topic name strategy, and a subject that maps to no topic is denied;
 - ``read-only``: every authenticated read passes, every write is denied; no Kafka connection.
 
 ``AUTHORIZATION_SUPER_USERS`` pass every check in every mode.
@@ -17,6 +18,7 @@ from typing import Literal, Protocol
 
 import trio
 
+from kanal.api import AclOperation, AclResourceType, GatewayAcls
 from kanal_registry_proxy.acl import OP_READ, OP_WRITE, AclLookup, AclLookupError, decide, topic_of
 from kanal_registry_proxy.metrics import ProxyMetrics
 from kanal_registry_proxy.reactive import PermissionStore, ReactiveSync
@@ -66,6 +68,27 @@ class TopicAclMode:
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         # nothing to run: the Kafka client belongs to whoever gave it (see ProxyService.serve)
+        task_status.started()
+
+
+class GatewayAclMode:
+    """topic-acl with the hosting gateway's ACLs: Kafka's rules as the gateway applies them to its
+    clients, decided in memory (no lookups, nothing cached: a change applies at once)."""
+
+    name = "topic-acl"
+
+    def __init__(self, acls: GatewayAcls) -> None:
+        self.acls = acls
+
+    async def allowed(self, principal: str, permission: Permission, subject: str) -> bool:
+        topic = topic_of(subject)
+        if topic is None:
+            log.info("subject %r maps to no topic (topic name strategy): denied", subject)
+            return False
+        operation = AclOperation.READ if permission == READ else AclOperation.WRITE
+        return self.acls.allows(principal, operation, AclResourceType.TOPIC, topic)
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         task_status.started()
 
 

@@ -36,6 +36,7 @@ def kanal_gateway_services(services: GatewayServices) -> list[Service]:
         kafka=services.kafka,
         state_log=services.state_log,
         identities=services.identities,
+        acls=services.acls,
     )
     tracing.configure(settings.traces_exporter, settings.service_name)
 

@@ -21,13 +21,20 @@ from typing import Any, cast
 import trio
 from prometheus_client import CollectorRegistry
 
-from kanal.api import CliContext, ConfigError, Identities, KafkaClient, StateLog
+from kanal.api import CliContext, ConfigError, GatewayAcls, Identities, KafkaClient, StateLog
 from kanal_registry_proxy.acl import AclLookup
 from kanal_registry_proxy.app import create_app
 from kanal_registry_proxy.auth_basic import BasicAuthenticator, CredentialsError
 from kanal_registry_proxy.auth_gateway import GatewayTokenAuthenticator
 from kanal_registry_proxy.auth_jwt import JwtAuthenticator
-from kanal_registry_proxy.authorization import Authorization, Mode, ReactiveMode, ReadOnlyMode, TopicAclMode
+from kanal_registry_proxy.authorization import (
+    Authorization,
+    GatewayAclMode,
+    Mode,
+    ReactiveMode,
+    ReadOnlyMode,
+    TopicAclMode,
+)
 from kanal_registry_proxy.httpserver import HttpServer
 from kanal_registry_proxy.license import License, LicenseError, check_license
 from kanal_registry_proxy.metrics import ProxyMetrics
@@ -52,10 +59,13 @@ class ProxyService:
         state_log: Callable[[str], StateLog] | None = None,
         owns_kafka: bool = False,
         identities: Identities | None = None,
+        acls: GatewayAcls | None = None,
     ) -> None:
         """``kafka`` and ``state_log`` reach the backing cluster (needed by the topic-acl and the
         reactive mode); with ``owns_kafka``, :meth:`serve` closes ``kafka`` when it ends.
-        ``identities`` are the hosting gateway's (needed by ``AUTH_PROVIDER=gateway``)."""
+        ``identities`` are the hosting gateway's (needed by ``AUTH_PROVIDER=gateway``), ``acls`` the
+        ACLs it enforces (topic-acl then decides by them instead of the cluster's)."""
+        self.acls = acls
         self.settings = settings
         self.kafka = kafka
         self.state_log = state_log
@@ -109,6 +119,8 @@ class ProxyService:
         if settings.authorization_mode == "read-only":
             return ReadOnlyMode()
         if settings.authorization_mode == "topic-acl":
+            if self.acls is not None:
+                return GatewayAclMode(self.acls)
             if self.kafka is None:
                 raise ConfigError("AUTHORIZATION_MODE", "topic-acl needs a Kafka client for the cluster's ACLs")
             lookup = AclLookup(

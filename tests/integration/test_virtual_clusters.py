@@ -204,7 +204,13 @@ def test_a_tenant_super_user_manages_the_tenant_acls_on_logical_names(
             AclOperation.WRITE,
             AclPermissionType.ALLOW,
         )
-        for future in boss.create_acls([acl], request_timeout=10).values():
+        reads = [
+            AclBinding(
+                kind, name, ResourcePatternType.LITERAL, "User:app", "*", AclOperation.READ, AclPermissionType.ALLOW
+            )
+            for kind, name in ((ResourceType.TOPIC, allowed), (ResourceType.GROUP, "readers"))
+        ]
+        for future in boss.create_acls([acl, *reads], request_timeout=10).values():
             future.result()
 
         def delivered(tenant: str, topic: str) -> KafkaError | None:
@@ -218,8 +224,10 @@ def test_a_tenant_super_user_manages_the_tenant_acls_on_logical_names(
         refused = delivered("team-a.", other)
         assert refused is not None and refused.code() == KafkaError.TOPIC_AUTHORIZATION_FAILED
         assert delivered("team-b.", other) is None  # another tenant, no ACLs enforced
+        # A consumer fetches by topic id (Fetch v13+): checked under the tenant's name for that id.
+        assert _consume(_config(gw, "team-a."), allowed, "readers", 1) == [b"v"]
         # The ACL is on the logical name, and only the tenant sees it.
-        assert gw.acls.acls("team-a.").bindings[0].resource_name == allowed
+        assert {acl.resource_name for acl in gw.acls.acls("team-a.").bindings} == {allowed, "readers"}
         assert gw.acls.acls(None).bindings == ()
         team_b = AdminClient(_config(gw, "team-b."))  # ACLs are not enforced there: the ACL APIs are refused
         refused_acl = team_b.create_acls([acl], request_timeout=10)[acl].exception()

@@ -19,13 +19,13 @@ from kio.schema.errors import ErrorCode
 from kio.schema.index import api_key_map
 from kio.schema.types import GroupId, TopicName, TransactionalId
 
-from kanal.protocol.api import require_request_class, supported_versions
+from kanal.protocol.api import ApiKey, require_request_class, supported_versions
 from kanal.protocol.entities import build, hints, nested
 from kanal.protocol.messages import decode_request, decode_response, encode_request, encode_response, response_type
 from kanal.tenancy import scope
 from kanal.tenancy.apis import NAMES, api_key
 from kanal.tenancy.names import VirtualNames
-from kanal.tenancy.rewrite import UNCHANGED, Rewrite, to_logical, to_physical
+from kanal.tenancy.rewrite import UNCHANGED, Rewrite, renames_response, to_logical, to_physical
 from kanal.tenancy.walk import ByField, Each, Kind, Many, One, Regex
 
 PREFIX = "team-a."
@@ -487,3 +487,11 @@ def test_a_message_without_names_is_returned_as_it_is() -> None:
     response_cls = response_type(1, 13)
     response = build(response_cls, responses=(build(nested(response_cls, "responses"), topic_id=uuid.uuid4()),))
     assert to_logical(1, response, Rewrite(), NAMES_A) is response
+
+
+def test_responses_without_names_stay_opaque() -> None:
+    """Fetch v13+ responses name topics by id only: nothing to rename, so the gateway need not decode them."""
+    assert renames_response(ApiKey.FETCH, 12) and not renames_response(ApiKey.FETCH, 13)
+    assert renames_response(ApiKey.PRODUCE, 9) and renames_response(ApiKey.METADATA, 12)
+    assert renames_response(ApiKey.FIND_COORDINATOR, 4)  # its keys, by the request's key type
+    assert not renames_response(ApiKey.JOIN_GROUP, 9)  # no names in the answer

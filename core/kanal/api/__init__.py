@@ -50,6 +50,7 @@ from kanal.api.results import (
     ResponseResult,
 )
 from kanal.api.services import (
+    GatewayAcls,
     GatewayServices,
     Identities,
     KafkaClient,
@@ -60,6 +61,8 @@ from kanal.api.services import (
     TopicNames,
 )
 from kanal.api.settings import FamilyCheck, Hint, SettingsFamily
+from kanal.protocol.acl_codes import Operation as AclOperation
+from kanal.protocol.acl_codes import ResourceType as AclResourceType
 from kanal.protocol.api import ApiKey, api_name, require_request_class, response_class
 from kanal.protocol.api import request_class as request_class
 from kanal.protocol.entities import build, has_field, nested
@@ -93,6 +96,8 @@ __all__ = [
     "READY",
     "SNAPPY",
     "ZSTD",
+    "AclOperation",
+    "AclResourceType",
     "AdminClient",
     "AdminRoutes",
     "AdminUser",
@@ -106,6 +111,7 @@ __all__ = [
     "CorruptRecordError",
     "ErrorCode",
     "FamilyCheck",
+    "GatewayAcls",
     "GatewayServices",
     "Headers",
     "HelperProcess",

@@ -21,8 +21,11 @@ if TYPE_CHECKING:
 
     from kanal.api.context import Connection
     from kanal.api.interceptor import InterceptorSpec
+    from kanal.protocol.acl_codes import Operation as AclOperation
+    from kanal.protocol.acl_codes import ResourceType as AclResourceType
 
 __all__ = [
+    "GatewayAcls",
     "GatewayServices",
     "Identities",
     "KafkaClient",
@@ -122,6 +125,19 @@ class Identities(Protocol):
         LOCAL service account. The reason goes to the gateway's log (never the token)."""
 
 
+class GatewayAcls(Protocol):
+    """The Kafka ACLs the gateway enforces on its passthrough cluster (``GATEWAY_ACL_ENABLED``), with
+    Kafka's rules and the gateway's super users: one source of truth for plugins that authorize
+    something by topic ACLs (the schema registry proxy's topic-acl mode)."""
+
+    def allows(
+        self, principal: str, operation: AclOperation, resource_type: AclResourceType, name: str, host: str = "*"
+    ) -> bool:
+        """Whether ``principal`` (``alice`` or ``User:alice``) from ``host`` may do ``operation`` on the
+        resource. With ``host="*"`` (a caller that knows no client address) only ACLs for every host
+        apply."""
+
+
 class GatewayServices(Protocol):
     """The gateway as a plugin sees it."""
 
@@ -150,6 +166,11 @@ class GatewayServices(Protocol):
     @property
     def identities(self) -> Identities:
         """Checks credentials against the gateway's service accounts and tokens."""
+
+    @property
+    def acls(self) -> GatewayAcls | None:
+        """The ACLs the gateway enforces on its passthrough cluster, or None when it enforces none
+        (``GATEWAY_ACL_ENABLED`` unset: the cluster's own ACLs, if any, are the ones that count)."""
 
     def settings(self, prefix: str) -> Mapping[str, str]:
         """The gateway's environment variables that start with ``prefix`` (``"DATA_QUALITY_"``).

@@ -11,6 +11,7 @@ connection, and answers CreateAcls, DescribeAcls and DeleteAcls itself from the 
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any, ClassVar
 
@@ -31,11 +32,13 @@ from kanal.protocol.api import ApiKey, api_name
 from kanal.protocol.entities import build
 from kanal.protocol.messages import response_type
 
-__all__ = ["ACL_APIS", "AUTHORIZATION", "AclEnforcer", "client_host"]
+__all__ = ["ACL_APIS", "AUTHORIZATION", "FOREIGN_TOPIC", "AclEnforcer", "client_host"]
 
 AUTHORIZATION = "AUTHORIZATION"
 ACL_APIS = frozenset({ApiKey.CREATE_ACLS, ApiKey.DESCRIBE_ACLS, ApiKey.DELETE_ACLS})
 _ANONYMOUS = "User:ANONYMOUS"
+#: What a topic id of another virtual cluster is called in decisions and audit events: never allowed.
+FOREIGN_TOPIC = "<a topic of another virtual cluster>"
 _UNAVAILABLE = ErrorCode.request_timed_out  # retriable: the client's library tries again
 _DECLARED = "the ACLs of virtual cluster {!r} are those of its VirtualCluster resource (aclMode REST_API)"
 
@@ -55,11 +58,20 @@ class AclEnforcer(Interceptor):
     response_api_keys: ClassVar[frozenset[int] | None] = frozenset(api_key_map) - OPEN
     responses_on_demand: ClassVar[bool] = True
 
-    def __init__(self, directory: AclDirectory, services: GatewayServices, vcluster: str | None = None) -> None:
+    def __init__(
+        self,
+        directory: AclDirectory,
+        services: GatewayServices,
+        vcluster: str | None = None,
+        logical_topic: Callable[[str], str | None] | None = None,
+    ) -> None:
+        """``logical_topic`` names a physical topic in the virtual cluster (None: another's): a topic
+        a request names by id is checked under the name the tenant's ACLs use."""
         super().__init__(None, services)
         self.directory = directory
         self.vcluster = vcluster
         self._topic_names = services.topic_names
+        self._logical_topic = logical_topic
 
     def _decide(self, connection: Connection) -> Check:
         """The decisions for this connection's principal and host, against the cluster's ACLs now."""
@@ -68,6 +80,8 @@ class AclEnforcer(Interceptor):
         host = client_host(connection.client_address)
 
         def decide(operation: Operation, resource_type: ResourceType, name: str) -> bool:
+            if name == FOREIGN_TOPIC:
+                return False
             return authorizer.allows(principal, host, operation, resource_type, name)
 
         def decide_any(operation: Operation, resource_type: ResourceType) -> bool:
@@ -116,7 +130,10 @@ class AclEnforcer(Interceptor):
             for entry in getattr(request, field_name, None) or ():
                 topic_id = getattr(entry, "topic_id", None)
                 if topic_id is not None and not _named(entry) and topic_id not in names:
-                    names[topic_id] = self._topic_names.name(topic_id) or await self._topic_names.resolve(topic_id)
+                    name = self._topic_names.name(topic_id) or await self._topic_names.resolve(topic_id)
+                    if self._logical_topic is not None:
+                        name = self._logical_topic(name) or FOREIGN_TOPIC
+                    names[topic_id] = name
         return names
 
     def _audit(self, ctx: RequestContext, denied: list[Denial]) -> None:

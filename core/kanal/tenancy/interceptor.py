@@ -21,7 +21,7 @@ from kanal.api.results import Reject, Respond
 from kanal.api.services import GatewayServices
 from kanal.protocol.api import ApiKey, api_name
 from kanal.tenancy.names import VirtualNames
-from kanal.tenancy.rewrite import Rewrite, to_logical, to_physical
+from kanal.tenancy.rewrite import UNCHANGED, Rewrite, renames_response, to_logical, to_physical
 from kanal.tenancy.scope import PASSED_APIS, RENAMED_APIS
 
 __all__ = ["VirtualClusterNames"]
@@ -63,8 +63,9 @@ class VirtualClusterNames(Interceptor):
         if rewrite.answer is not None:
             return Respond(rewrite.answer)
         ctx.request = physical
-        ctx.notes["rewrite"] = rewrite
-        ctx.want_response()
+        if rewrite is not UNCHANGED or renames_response(api_key, ctx.api_version):
+            ctx.notes["rewrite"] = rewrite
+            ctx.want_response()
         return None
 
     @hookimpl

@@ -19,22 +19,23 @@ Beyond the table of :mod:`kanal.tenancy.apis`, a few APIs need the request to an
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
-from typing import Any, Final, get_args
+from dataclasses import dataclass, is_dataclass, replace
+from functools import cache
+from typing import Any, Final, get_args, get_origin
 
 from kio.schema.errors import ErrorCode
 
-from kanal.protocol.api import api_name
-from kanal.protocol.entities import build, hints
+from kanal.protocol.api import api_name, response_class
+from kanal.protocol.entities import build, has_field, hints
 from kanal.protocol.error_responses import error_response
 from kanal.tenancy import create_topics
 from kanal.tenancy.apis import NAMES, api_key
 from kanal.tenancy.names import VirtualNames
 from kanal.tenancy.regex import InvalidRegex
 from kanal.tenancy.scope import PASSED_APIS, disposition
-from kanal.tenancy.walk import DROP, Kind, Spec, ToLogical, ToPhysical, each, walk
+from kanal.tenancy.walk import DROP, Each, Kind, One, Spec, ToLogical, ToPhysical, each, walk
 
-__all__ = ["Rewrite", "to_logical", "to_physical"]
+__all__ = ["UNCHANGED", "Rewrite", "renames_response", "to_logical", "to_physical"]
 
 _CREATE_TOPICS: Final = create_topics.CREATE_TOPICS
 _FIND_COORDINATOR: Final = api_key("find_coordinator")
@@ -130,3 +131,38 @@ def _from_the_prefix(request: Any) -> Any:
     request_cls: type = type(request)
     cursor_cls = next(a for a in get_args(hints(request_cls)["cursor"]) if a is not type(None))
     return replace(request, cursor=build(cursor_cls, topic_name="", partition_index=0))
+
+
+@cache
+def renames_response(api_key: int, version: int) -> bool:
+    """Whether a response of this version can carry a name :func:`to_logical` changes. Fetch v13+
+    names topics by id only: its responses, the bulk of a consumer's bytes, then stay opaque."""
+    where = NAMES.get(api_key)
+    if where is None:
+        return False
+    if api_key == _FIND_COORDINATOR:
+        return True  # the keys, mapped with the request's key type
+    cls = response_class(api_key, version)
+    return cls is None or _names_in(cls, where.response)
+
+
+def _names_in(cls: type, spec: Spec) -> bool:
+    for field, rule in spec.items():
+        if not has_field(cls, field):
+            continue
+        if not isinstance(rule, Each | One):
+            return True
+        entity = _entity(hints(cls)[field])
+        if entity is None or _names_in(entity, rule.fields):
+            return True
+    return False
+
+
+def _entity(hint: Any) -> type | None:
+    """The entity class of a field: ``Entity``, ``tuple[Entity, ...]``, either optional."""
+    for arg in (hint, *get_args(hint)):
+        if get_origin(arg) is tuple:
+            arg = get_args(arg)[0]
+        if isinstance(arg, type) and is_dataclass(arg):
+            return arg
+    return None
