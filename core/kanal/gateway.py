@@ -42,6 +42,7 @@ from kanal.net.upstream_pool import UpstreamPool
 from kanal.pipeline.chain import PASSTHROUGH, Pipeline
 from kanal.pipeline.core_rules import CoreRules
 from kanal.pipeline.registry import PluginRegistry
+from kanal.pipeline.topic_ids import TOPIC_IDS_FLAG, TopicIdsOff
 from kanal.protocol.api import ApiKey
 from kanal.protocol.api import preload as preload_schemas
 from kanal.protocol.api_versions import RecentAnswers
@@ -203,7 +204,8 @@ class Gateway:
 
     def _builtins(self, vcluster: str | None) -> list[tuple[InterceptorSpec, Interceptor]]:
         """The core's interceptors of a virtual cluster's connections (None: the passthrough
-        cluster's): ACL enforcement outermost when its ACLs are on, its names innermost."""
+        cluster's): ACL enforcement outermost when its ACLs are on, then the refusal of requests by
+        topic id while topic ids are off, its names innermost."""
         services = self.services_for("core")
         scope = Scope(vcluster=PASSTHROUGH if vcluster is None else vcluster)
         cluster = None if vcluster is None else self.virtual_clusters.get(vcluster)
@@ -215,6 +217,9 @@ class Gateway:
             spec = InterceptorSpec("kanal-acls", AclEnforcer.plugin_name, _OUTERMOST, scope)
             logical = None if vcluster is None else VirtualNames(vcluster).logical_topic
             items.append((spec, AclEnforcer(self.acls, services, vcluster, logical)))
+        if not self.settings.feature(TOPIC_IDS_FLAG):
+            spec = InterceptorSpec("kanal-topic-ids-off", TopicIdsOff.plugin_name, _OUTERMOST, scope)
+            items.append((spec, TopicIdsOff(None, services)))
         if vcluster is not None:
             spec = InterceptorSpec("kanal-virtual-cluster", VirtualClusterNames.plugin_name, _INNERMOST, scope)
             items.append((spec, VirtualClusterNames(VirtualNames(vcluster), services, vcluster)))

@@ -435,7 +435,7 @@ def test_apply_installs_and_removes_the_interceptor() -> None:
     assert {k[0]: s.state for k, s in statuses.items()} == {"big-eur": "Ready", "cheap": "Ready"}
     (spec,) = gw.pipeline.specs(source=SOURCE)
     assert spec.plugin == PLUGIN_NAME
-    (item,) = gw.pipeline.resolve().interceptors
+    (item,) = [c for c in gw.pipeline.resolve().interceptors if not c.builtin]
     assert isinstance(item.instance, TopicViewsInterceptor) and set(item.instance.views.by_name) == {"big-eur", "cheap"}
     kind.apply([], _State())
     assert gw.pipeline.specs(source=SOURCE) == []
@@ -449,10 +449,10 @@ def test_each_gateway_has_its_own_runtime_which_its_interceptor_uses() -> None:
     assert runtime is not None and runtime is not shared_runtime(second.services_for(PLUGIN_NAME))
     assert runtime.read_ahead and runtime.pool is not None
     kind.apply([manifest()], _State())
-    (item,) = first.pipeline.resolve().interceptors
+    (item,) = [c for c in first.pipeline.resolve().interceptors if not c.builtin]
     assert isinstance(item.instance, TopicViewsInterceptor) and item.instance.runtime is runtime
     assert "runtime" not in item.spec.config  # the config is plain JSON: views and the cluster id
-    assert not second.pipeline.resolve().interceptors
+    assert not [c for c in second.pipeline.resolve().interceptors if not c.builtin]
 
 
 def test_feature_flags_and_connections_come_from_the_gateway_settings() -> None:

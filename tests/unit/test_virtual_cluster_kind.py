@@ -17,6 +17,7 @@ from kanal.authz.enforcer import AclEnforcer
 from kanal.config.settings import build_settings
 from kanal.gateway import Gateway
 from kanal.pipeline.registry import PluginRegistry
+from kanal.pipeline.topic_ids import TopicIdsOff
 from kanal.protocol.acl_codes import Operation, ResourceType
 from kanal.tenancy.interceptor import VirtualClusterNames
 
@@ -72,7 +73,7 @@ def test_a_virtual_cluster_shows_how_to_connect_and_reaches_the_gateway() -> Non
         assert isinstance(gateway, Gateway)
         assert gateway.virtual_clusters.get("team-a.") is not None
         chain = gateway.pipeline.resolve("app", (), "team-a.")
-        assert [type(c.instance) for c in chain.interceptors] == [VirtualClusterNames]
+        assert [type(c.instance) for c in chain.interceptors] == [TopicIdsOff, VirtualClusterNames]
 
     run_admin(body)
 
@@ -90,7 +91,7 @@ def test_rest_api_acls_are_enforced_and_the_admin_api_only_reads_them() -> None:
         gateway = api.gateway
         assert isinstance(gateway, Gateway)
         chain = gateway.pipeline.resolve("app", (), "team-a.")
-        assert [type(c.instance) for c in chain.interceptors] == [AclEnforcer, VirtualClusterNames]
+        assert [type(c.instance) for c in chain.interceptors] == [AclEnforcer, TopicIdsOff, VirtualClusterNames]
         authorizer = gateway.acls.authorizer("team-a.")
         assert authorizer.allows("User:app", "10.0.0.1", Operation.READ, ResourceType.TOPIC, "orders-1")
         assert not authorizer.allows("User:app", "10.0.0.1", Operation.WRITE, ResourceType.TOPIC, "orders-1")

@@ -25,7 +25,7 @@ from kanal.protocol.framing import DEFAULT_MAX_FRAME_SIZE
 GATEWAY_PREFIX = "GATEWAY_"
 FEATURE_FLAG_PREFIX = "GATEWAY_FEATURE_FLAGS_"
 #: The core's own feature flags (``GATEWAY_FEATURE_FLAGS_<NAME>``); plugins declare theirs.
-CORE_FEATURE_FLAGS = frozenset({"AUDIT", "LIFECYCLE_METRICS", "VALIDATE_REQUESTS"})
+CORE_FEATURE_FLAGS = frozenset({"AUDIT", "LIFECYCLE_METRICS", "TOPIC_IDS", "VALIDATE_REQUESTS"})
 
 _BOOL = {"true": True, "1": True, "yes": True, "on": True, "false": False, "0": False, "no": False, "off": False}
 
