@@ -13,6 +13,7 @@ import orjson
 import pytest
 import trio
 import trio.testing
+from admin_harness import serve_admin
 from kanal_dataquality.interceptor import DataQualityInterceptor
 from kio.schema.create_topics.v7 import request as create_topics_v7
 from kio.schema.types import TopicName
@@ -369,15 +370,7 @@ Client = Any
 
 def run_admin(body: Callable[[AdminApi, Client], Awaitable[None]], **env: str) -> None:
     api = build_admin(gateway(**env), writer=MemoryLog())
-
-    async def main() -> None:
-        async with trio.open_nursery() as nursery:
-            await nursery.start(api.store.run)
-            async with api.app.test_app() as app:
-                await body(api, app.test_client())
-            nursery.cancel_scope.cancel()
-
-    trio.run(main)
+    serve_admin(api, body)
 
 
 def account(name: str) -> dict[str, Any]:

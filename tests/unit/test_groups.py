@@ -15,6 +15,7 @@ from typing import Any, ClassVar
 import pytest
 import trio
 import trio.testing
+from admin_harness import serve_admin
 
 from kanal.admin.app import AdminApi
 from kanal.admin.cli import Client as CliClient
@@ -69,16 +70,7 @@ def new_gateway(static: list[InterceptorSpec] | None = None) -> Gateway:
 
 def run_admin(body: Callable[[AdminApi, Client], Awaitable[None]]) -> AdminApi:
     api = build_admin(new_gateway(), writer=MemoryLog())
-
-    async def main() -> None:
-        async with trio.open_nursery() as nursery:
-            await nursery.start(api.store.run)
-            async with api.app.test_app() as app:
-                await body(api, app.test_client())
-            nursery.cancel_scope.cancel()
-
-    trio.run(main)
-    return api
+    return serve_admin(api, body)
 
 
 def group(name: str, spec: Any, **metadata: Any) -> dict[str, Any]:

@@ -12,7 +12,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
-import trio
+from admin_harness import serve_admin
 
 from kanal.admin.app import AdminApi
 from kanal.admin.identity import service_accounts_of
@@ -34,16 +34,7 @@ Client = Any
 def run_admin(body: Callable[[AdminApi, Client], Awaitable[None]], log: MemoryLog | None = None) -> AdminApi:
     settings = build_settings({"KAFKA_BOOTSTRAP_SERVERS": "127.0.0.1:9", "GATEWAY_ADMIN_API_USERS": USERS})
     api = build_admin(Gateway(settings, PluginRegistry()), writer=log or MemoryLog())
-
-    async def main() -> None:
-        async with trio.open_nursery() as nursery:
-            await nursery.start(api.store.run)
-            async with api.app.test_app() as app:
-                await body(api, app.test_client())
-            nursery.cancel_scope.cancel()
-
-    trio.run(main)
-    return api
+    return serve_admin(api, body)
 
 
 def account(name: str, spec: dict[str, Any], vcluster: str | None = None) -> dict[str, Any]:

@@ -8,7 +8,7 @@ import secrets
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-import trio
+from admin_harness import serve_admin
 
 from kanal.admin.app import AdminApi
 from kanal.admin.service import build_admin
@@ -35,16 +35,7 @@ SASL = {
 def run_admin(body: Callable[[AdminApi, Client], Awaitable[None]], env: dict[str, str] = SASL) -> AdminApi:
     settings = build_settings({"KAFKA_BOOTSTRAP_SERVERS": "127.0.0.1:9", "GATEWAY_ADMIN_API_USERS": USERS, **env})
     api = build_admin(Gateway(settings, PluginRegistry()), writer=MemoryLog())
-
-    async def main() -> None:
-        async with trio.open_nursery() as nursery:
-            await nursery.start(api.store.run)
-            async with api.app.test_app() as app:
-                await body(api, app.test_client())
-            nursery.cancel_scope.cancel()
-
-    trio.run(main)
-    return api
+    return serve_admin(api, body)
 
 
 def cluster(name: str, **spec: Any) -> dict[str, Any]:
