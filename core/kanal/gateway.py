@@ -22,7 +22,7 @@ from kanal.api.interceptor import Interceptor, InterceptorSpec, Scope
 from kanal.api.resources import KindRegistry
 from kanal.api.services import Service
 from kanal.audit import AuditLog, node_source
-from kanal.authz.enforcer import ACL_APIS, AclEnforcer
+from kanal.authz.enforcer import AclEnforcer
 from kanal.authz.store import AclDirectory, acl_from_json
 from kanal.config.settings import Settings
 from kanal.identity.accounts import ServiceAccounts
@@ -43,6 +43,7 @@ from kanal.pipeline.chain import PASSTHROUGH, Pipeline
 from kanal.pipeline.core_rules import CoreRules
 from kanal.pipeline.registry import PluginRegistry
 from kanal.pipeline.topic_ids import TOPIC_IDS_FLAG, TopicIdsOff
+from kanal.protocol.acl_codes import ACL_APIS
 from kanal.protocol.api import ApiKey
 from kanal.protocol.api import preload as preload_schemas
 from kanal.protocol.api_versions import RecentAnswers
@@ -209,20 +210,21 @@ class Gateway:
         services = self.services_for("core")
         scope = Scope(vcluster=PASSTHROUGH if vcluster is None else vcluster)
         cluster = None if vcluster is None else self.virtual_clusters.get(vcluster)
+        names = None if vcluster is None else VirtualNames(vcluster)
         items: list[tuple[InterceptorSpec, Interceptor]] = []
         if self.settings.acl_enabled if vcluster is None else cluster is not None and cluster.acl_enabled:
             if self._follow_acls is not None:
                 self.core_services.start_soon(self._follow_acls, (), "following the ACL topic")
                 self._follow_acls = None
             spec = InterceptorSpec("kanal-acls", AclEnforcer.plugin_name, _OUTERMOST, scope)
-            logical = None if vcluster is None else VirtualNames(vcluster).logical_topic
+            logical = None if names is None else names.logical_topic
             items.append((spec, AclEnforcer(self.acls, services, vcluster, logical)))
         if not self.settings.feature(TOPIC_IDS_FLAG):
             spec = InterceptorSpec("kanal-topic-ids-off", TopicIdsOff.plugin_name, _OUTERMOST, scope)
             items.append((spec, TopicIdsOff(None, services)))
-        if vcluster is not None:
+        if names is not None:
             spec = InterceptorSpec("kanal-virtual-cluster", VirtualClusterNames.plugin_name, _INNERMOST, scope)
-            items.append((spec, VirtualClusterNames(VirtualNames(vcluster), services, vcluster)))
+            items.append((spec, VirtualClusterNames(names, services, names.prefix)))
         return items
 
     @property

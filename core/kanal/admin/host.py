@@ -13,6 +13,7 @@ if TYPE_CHECKING:
     from kanal.metrics import GatewayMetrics
     from kanal.pipeline.chain import Pipeline
     from kanal.pipeline.registry import PluginRegistry
+    from kanal.tenancy.clusters import VirtualClusters
 
 
 class GatewayHost(Protocol):
@@ -24,6 +25,7 @@ class GatewayHost(Protocol):
     metrics: GatewayMetrics
     services: list[Service]
     stopping: trio.Event
+    virtual_clusters: VirtualClusters
 
     def services_for(self, plugin: str) -> GatewayServices:
         """What plugin ``plugin`` gets of the gateway."""

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 from kanal.api.resources import Manifest, ResourceError, ResourceKind, StateView, check_envelope, envelope, invalid
 from kanal.authz.store import acl_from_json
-from kanal.tenancy.clusters import KAFKA_API, REST_API, VirtualCluster, VirtualClusters
+from kanal.tenancy.clusters import KAFKA_API, REST_API, VirtualCluster
 from kanal.tenancy.names import VirtualNames
 
 if TYPE_CHECKING:
@@ -122,18 +122,8 @@ def _canonical(manifest: Any, kind: ResourceKind, gateway: GatewayHost) -> Manif
     return envelope(kind, {"name": name}, out)
 
 
-def virtual_clusters_of(gateway: GatewayHost) -> VirtualClusters:
-    """The gateway's virtual clusters, attached to it when it has none (as service accounts are)."""
-    clusters = getattr(gateway, "virtual_clusters", None)
-    if not isinstance(clusters, VirtualClusters):
-        clusters = VirtualClusters()
-        setattr(gateway, "virtual_clusters", clusters)  # noqa: B010 (not declared by every GatewayHost)
-    return clusters
-
-
 def virtual_cluster_kind(gateway: GatewayHost) -> ResourceKind:
     """The VirtualCluster kind; applying it replaces the gateway's virtual clusters."""
-    clusters = virtual_clusters_of(gateway)
 
     def validate(manifest: Any, state: StateView) -> Manifest:
         settings = gateway.settings
@@ -166,7 +156,7 @@ def virtual_cluster_kind(gateway: GatewayHost) -> ResourceKind:
         return canonical
 
     def apply(resources: Sequence[Manifest], state: StateView) -> None:
-        clusters.replace(_cluster(m) for m in resources)
+        gateway.virtual_clusters.replace(_cluster(m) for m in resources)
 
     kind = ResourceKind(
         kind=KIND,

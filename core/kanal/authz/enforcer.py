@@ -27,15 +27,14 @@ from kanal.authz import acl_api
 from kanal.authz.acl import AclBinding, user_principal
 from kanal.authz.requests import OPEN, Check, Denial, Verdict, check, filter_response
 from kanal.authz.store import AclDirectory, AclStoreUnavailable
-from kanal.protocol.acl_codes import CLUSTER_NAME, Operation, ResourceType
+from kanal.protocol.acl_codes import ACL_APIS, CLUSTER_NAME, Operation, ResourceType
 from kanal.protocol.api import ApiKey, api_name
 from kanal.protocol.entities import build
 from kanal.protocol.messages import response_type
 
-__all__ = ["ACL_APIS", "AUTHORIZATION", "FOREIGN_TOPIC", "AclEnforcer", "client_host"]
+__all__ = ["AUTHORIZATION", "FOREIGN_TOPIC", "AclEnforcer", "client_host"]
 
 AUTHORIZATION = "AUTHORIZATION"
-ACL_APIS = frozenset({ApiKey.CREATE_ACLS, ApiKey.DESCRIBE_ACLS, ApiKey.DELETE_ACLS})
 _ANONYMOUS = "User:ANONYMOUS"
 #: What a topic id of another virtual cluster is called in decisions and audit events: never allowed.
 FOREIGN_TOPIC = "<a topic of another virtual cluster>"
@@ -106,6 +105,7 @@ class AclEnforcer(Interceptor):
             return Respond(_with_extra(build(response_cls), verdict))
         ctx.request = verdict.request
         ctx.notes["verdict"] = verdict
+        ctx.notes["decide"] = decide
         ctx.want_response()
         return None
 
@@ -118,7 +118,7 @@ class AclEnforcer(Interceptor):
         if verdict.filtered:
             # the request as this enforcer let it go (inner interceptors may have changed ctx.request)
             request = verdict.request if verdict.request is not None else ctx.request
-            decide = self._decide(ctx.connection)
+            decide: Check = ctx.notes["decide"]
             response = filter_response(ctx.api_key, request, response, decide.decide)
         ctx.response = response
 

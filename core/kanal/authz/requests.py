@@ -89,8 +89,6 @@ class Check:
 
 # -- the rules, per API ----------------------------------------------------------------------------
 
-Rule = Callable[[Any, int, Check, Callable[[Any], str]], Verdict]
-
 
 def _entries(
     verdict: Verdict,
@@ -98,18 +96,18 @@ def _entries(
     request_field: str,
     response_cls: type,
     response_field: str,
-    name_of: Callable[[Any], str],
-    allowed: Callable[[str], bool],
-    error_code: ErrorCode,
+    refusal: Callable[[Any], ErrorCode | None],
 ) -> Any:
-    """Keeps the allowed entries of ``request_field``; answers the others in ``response_field``."""
+    """Keeps the entries of ``request_field`` that ``refusal`` lets go (None); answers the others in
+    ``response_field`` with the error it gives."""
     entries = getattr(request, request_field)
     if entries is None:
         return request
     kept = []
     entry_cls = nested(response_cls, response_field)
     for entry in entries:
-        if allowed(name_of(entry)):
+        error_code = refusal(entry)
+        if error_code is None:
             kept.append(entry)
         else:
             verdict.extra.append((response_field, error_entry(entry_cls, entry, error_code)))
@@ -136,16 +134,10 @@ def _per_entry(
                 return topic_name(entry)
             return str(getattr(entry, name_field or "name"))
 
-        return _entries(
-            verdict,
-            request,
-            request_field,
-            response_cls,
-            response_field,
-            name_of,
-            lambda name: check(operation, resource_type, name),
-            error_code,
-        )
+        def refusal(entry: Any) -> ErrorCode | None:
+            return None if check(operation, resource_type, name_of(entry)) else error_code
+
+        return _entries(verdict, request, request_field, response_cls, response_field, refusal)
 
     return apply
 
@@ -192,7 +184,6 @@ _TOPIC_ENTRIES: dict[int, tuple[tuple[Any, ...], tuple[Any, ...]]] = {
         (),
         (_per_entry("transactional_ids", "transaction_states", Op.DESCRIBE, Res.TRANSACTIONAL_ID, TXN_DENIED),),
     ),
-    ApiKey.CONSUMER_GROUP_HEARTBEAT: ((_GROUP_READ,), ()),
     ApiKey.CONSUMER_GROUP_DESCRIBE: (
         (),
         (_per_entry("group_ids", "groups", Op.DESCRIBE, Res.GROUP, GROUP_DENIED),),
@@ -352,22 +343,13 @@ def _configs(operation: Operation) -> Any:
     ) -> None:
         response_field = "results" if has_field(response_cls, "results") else "responses"
 
-        def allowed(entry: Any) -> ErrorCode | None:
+        def refusal(entry: Any) -> ErrorCode | None:
             resource = _CONFIG_RESOURCES.get(int(entry.resource_type))
             if resource is None:  # brokers, broker loggers, client metrics: the cluster's
                 return None if decide(operation, Res.CLUSTER, CLUSTER_NAME) else CLUSTER_DENIED
             return None if decide(operation, resource[0], str(entry.resource_name)) else resource[1]
 
-        kept = []
-        entry_cls = nested(response_cls, response_field)
-        for entry in request.resources:
-            error_code = allowed(entry)
-            if error_code is None:
-                kept.append(entry)
-            else:
-                verdict.extra.append((response_field, error_entry(entry_cls, entry, error_code)))
-        if len(kept) != len(request.resources):
-            verdict.request = replace(request, resources=tuple(kept))
+        verdict.request = _entries(verdict, request, "resources", response_cls, response_field, refusal)
 
     return rule
 

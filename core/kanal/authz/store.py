@@ -22,7 +22,6 @@ __all__ = ["ACL_KIND", "AclDirectory", "AclStoreUnavailable", "AclWrites", "acl_
 
 ACL_KIND = "KafkaAcl"
 _LOAD_WAIT = 10.0  # seconds a change waits for the ACL topic to be read
-_FIELDS = ("resourceType", "resourceName", "patternType", "principal", "host", "operation", "permission")
 
 
 class AclStoreUnavailable(Exception):
@@ -57,21 +56,15 @@ def _manifest(acl: AclBinding, vcluster: str | None) -> Manifest:
     metadata: dict[str, Any] = {"name": _name(acl)}
     if vcluster is not None:
         metadata["vCluster"] = vcluster
-    spec = dict(
-        zip(
-            _FIELDS,
-            (
-                acl.resource_type.name,
-                acl.resource_name,
-                acl.pattern_type.name,
-                acl.principal,
-                acl.host,
-                acl.operation.name,
-                acl.permission.name,
-            ),
-            strict=True,
-        )
-    )
+    spec = {
+        "resourceType": acl.resource_type.name,
+        "resourceName": acl.resource_name,
+        "patternType": acl.pattern_type.name,
+        "principal": acl.principal,
+        "host": acl.host,
+        "operation": acl.operation.name,
+        "permission": acl.permission.name,
+    }
     return {"apiVersion": "gateway/v2", "kind": ACL_KIND, "metadata": metadata, "spec": spec}
 
 

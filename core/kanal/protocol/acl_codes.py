@@ -5,7 +5,18 @@ from __future__ import annotations
 
 from enum import IntEnum
 
-__all__ = ["CLUSTER_NAME", "WILDCARD", "WILDCARD_PRINCIPAL", "Operation", "PatternType", "Permission", "ResourceType"]
+from kanal.protocol.api import ApiKey
+
+__all__ = [
+    "ACL_APIS",
+    "CLUSTER_NAME",
+    "WILDCARD",
+    "WILDCARD_PRINCIPAL",
+    "Operation",
+    "PatternType",
+    "Permission",
+    "ResourceType",
+]
 
 
 class ResourceType(IntEnum):
@@ -65,3 +76,7 @@ CLUSTER_NAME = "kafka-cluster"
 WILDCARD = "*"
 #: The principal of an ACL for every user.
 WILDCARD_PRINCIPAL = "User:*"
+
+#: The Kafka Admin API's ACL APIs: answered by the gateway where it enforces ACLs, never forwarded
+#: from a virtual cluster.
+ACL_APIS = frozenset({ApiKey.DESCRIBE_ACLS, ApiKey.CREATE_ACLS, ApiKey.DELETE_ACLS})

@@ -25,6 +25,7 @@ from __future__ import annotations
 from enum import Enum
 from typing import Final
 
+from kanal.protocol import acl_codes
 from kanal.tenancy.apis import NAMES, api_keys
 
 
@@ -50,7 +51,7 @@ PASSED_APIS: Final = api_keys(
 )
 
 #: The ACL APIs: answered by the gateway (its own ACL store), not forwarded and not renamed here.
-ACL_APIS: Final = api_keys("describe_acls", "create_acls", "delete_acls")
+ACL_APIS: Final = acl_codes.ACL_APIS
 
 #: APIs clients send that act on the physical cluster as a whole: refused in a virtual cluster.
 REFUSED_APIS: Final = api_keys(
