@@ -156,7 +156,7 @@ class Gateway:
         super_users = settings.super_users
         if super_users is None:
             super_users = tuple(user.username for user in settings.admin_api_users)
-        self.acls = AclDirectory(super_users)
+        self.acls = AclDirectory(super_users, on_change=self.pipeline.decisions_changed)
         # Followed from startup when the passthrough cluster's ACLs are on, else from the first
         # virtual cluster with ACLs on (a request decided before it is read is denied).
         self._follow_acls: Service | None = self._acl_store()

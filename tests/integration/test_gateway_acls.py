@@ -227,3 +227,33 @@ def test_every_denial_is_an_authorization_audit_event_with_the_client_connection
     assert event["eventData"]["resourceType"] == "TOPIC"
     assert event["connection"]["remoteAddress"].startswith("127.0.0.1:")
     assert event["connection"]["localAddress"] == bootstrap_of(gateway)
+
+
+def test_a_revoked_acl_stops_a_producer_at_its_next_request(gateway: Gateway, unique_topic: Callable[..., str]) -> None:
+    """The gateway remembers a producer's allowed requests on the wire; a revocation ends that."""
+    topic = unique_topic("orders-")
+    _make_topics(gateway, topic)
+    write = _acl("orders-app", AclOperation.WRITE, topic, pattern=ResourcePatternType.LITERAL)
+    _create(gateway, write)
+    producer = Producer({**_config(gateway, "orders-app"), "message.timeout.ms": 10000, "retries": 0})
+    outcomes: list[KafkaError | None] = []
+    for _ in range(3):
+        producer.produce(topic, b"v", on_delivery=lambda err, _msg: outcomes.append(err))
+        producer.flush(15)
+    assert outcomes == [None, None, None]
+    admin = _admin(gateway)
+    revoke = AclBindingFilter(
+        ResourceType.TOPIC,
+        topic,
+        ResourcePatternType.LITERAL,
+        "User:orders-app",
+        "*",
+        AclOperation.WRITE,
+        AclPermissionType.ALLOW,
+    )
+    for future in admin.delete_acls([revoke], request_timeout=10).values():
+        assert len(future.result()) == 1
+    producer.produce(topic, b"v", on_delivery=lambda err, _msg: outcomes.append(err))
+    producer.flush(15)
+    assert len(outcomes) == 4 and outcomes[3] is not None
+    assert outcomes[3].code() == KafkaError.TOPIC_AUTHORIZATION_FAILED

@@ -8,10 +8,14 @@ import struct
 from collections.abc import Awaitable, Callable
 from typing import Any, cast
 
+import pytest
 import trio
 import trio.testing
+from kio.schema.errors import ErrorCode
 
+import kanal.net.connection as connection_module
 from kanal.api.context import Connection
+from kanal.api.interceptor import InterceptorSpec, Scope
 from kanal.config.settings import Settings
 from kanal.metrics import GatewayMetrics
 from kanal.net.channel import KafkaChannel
@@ -25,10 +29,12 @@ from kanal.protocol.api import require_request_class, response_class
 from kanal.protocol.entities import build, nested
 from kanal.protocol.framing import FrameReader
 from kanal.protocol.headers import parse_request_header, response_correlation_id
-from kanal.protocol.messages import decode_response, encode_request, encode_response
+from kanal.protocol.messages import decode_request_body, decode_response, encode_request, encode_response
 from kanal.protocol.records import Record, encode_batch
 from kanal.protocol.topic_names import TopicNames
-from kanal.testing import FakeKafka
+from kanal.tenancy.interceptor import VirtualClusterNames
+from kanal.tenancy.names import VirtualNames
+from kanal.testing import FakeKafka, FakeServices
 
 
 def metadata_request() -> Any:
@@ -39,6 +45,14 @@ def metadata_response() -> Any:
     cls = response_class(3, 12)
     assert cls is not None
     return build(cls, topics=())
+
+
+def produce_response(topic: str) -> Any:
+    cls = response_class(0, 9)
+    assert cls is not None
+    topic_cls = nested(cls, "responses")
+    partition = build(nested(topic_cls, "partition_responses"), index=0, error_code=ErrorCode.none, base_offset=3)
+    return build(cls, responses=(build(topic_cls, name=topic, partition_responses=(partition,)),))
 
 
 def produce_request(acks: int) -> Any:
@@ -130,11 +144,12 @@ class Client:
         return self.frames.pop(0)
 
 
-async def _with_connection(host: Host, test: Callable[[Client], Awaitable[None]]) -> None:
+async def _with_connection(host: Host, test: Callable[[Client], Awaitable[None]], vcluster: str | None = None) -> None:
     ours, theirs = trio.testing.memory_stream_pair()
-    connection = ClientConnection(
-        cast(ConnectionHost, host), ours, Connection(id=1, client_address="test:1", listener_address="gw:1", node_id=0)
-    )
+    info = Connection(id=1, client_address="test:1", listener_address="gw:1", node_id=0)
+    if vcluster is not None:
+        info.principal, info.vcluster = "alice", vcluster
+    connection = ClientConnection(cast(ConnectionHost, host), ours, info)
     async with trio.open_nursery() as nursery:
         nursery.start_soon(connection.run)
         await test(Client(theirs))
@@ -225,3 +240,37 @@ def test_pooled_clients_share_upstream_connections_and_each_gets_its_own_answers
             nursery.cancel_scope.cancel()
 
     trio.run(main)
+
+
+def test_a_virtual_clusters_produce_is_renamed_on_the_wire_without_decoding(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The built-in names stage splices the prefix in and out; nothing is decoded either way, and a
+    timed-out request is answered with the names the client sent."""
+    host = Host(upstream_request_timeout_ms=2000)
+    names = VirtualClusterNames(VirtualNames("a."), FakeServices(), "a.")
+    spec = InterceptorSpec("kanal-virtual-cluster", names.plugin_name, 1000, Scope(vcluster="a."))
+    host.pipeline.builtins = lambda vcluster: [(spec, names)] if vcluster == "a." else []
+
+    def no_decoding(*args: Any) -> Any:
+        raise AssertionError("decoded")
+
+    async def test(client: Client) -> None:
+        with monkeypatch.context() as patched:
+            patched.setattr(connection_module, "decode_request_body", no_decoding)
+            patched.setattr(connection_module, "decode_response", no_decoding)
+            await client.send(produce_request(acks=1), 5)
+            await host.opened.wait()
+            broker = host.brokers[0]
+            upstream = await broker.next_request()
+            header = parse_request_header(upstream)
+            sent = decode_request_body(0, 9, upstream, header.body_offset)
+            assert [t.name for t in sent.topic_data] == ["a.t"]
+            assert sent.topic_data[0].partition_data == produce_request(acks=1).topic_data[0].partition_data
+            await broker.answer(upstream, produce_response("a.t"))
+            answer = decode_response(0, 9, await client.receive())
+            assert [t.name for t in answer.responses] == ["t"]
+        await client.send(produce_request(acks=1), 6)
+        await broker.next_request()  # ... never answered
+        timed_out = decode_response(0, 9, await client.receive())
+        assert [(t.name, t.partition_responses[0].error_code) for t in timed_out.responses] == [("t", 7)]
+
+    trio.run(_with_connection, host, test, "a.", clock=trio.testing.MockClock(autojump_threshold=0.01))

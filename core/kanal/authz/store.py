@@ -9,7 +9,7 @@ virtual cluster it belongs to, so creating an ACL twice stores it once, as Kafka
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Protocol
 
 import trio
@@ -129,8 +129,10 @@ class AclDirectory:
     A cluster's ACLs are those created with the Kafka Admin API (stored), unless its VirtualCluster
     declares them (``aclMode: REST_API``, :meth:`declare`): then those, and the Admin API only reads."""
 
-    def __init__(self, super_users: Iterable[str] = ()) -> None:
+    def __init__(self, super_users: Iterable[str] = (), on_change: Callable[[], None] = lambda: None) -> None:
         self.super_users = tuple(super_users)
+        #: Called whenever the ACLs or super users change (decisions the gateway remembers are stale).
+        self.on_change = on_change
         self.writes: AclWrites | None = None  # set by the gateway once its ACL store exists
         self._acls: dict[str | None, Acls] = {}  # stored
         self._declared: dict[str, Acls] = {}
@@ -151,6 +153,7 @@ class AclDirectory:
         self._super_users = {vcluster: tuple(users) for vcluster, users in super_users.items()}
         self._declared = {vcluster: Acls(acls) for vcluster, acls in declared.items()}
         self._authorizers = {}
+        self.on_change()
 
     def declares(self, vcluster: str | None) -> bool:
         """Whether the cluster's ACLs are declared in its resource (the Admin API may only read them)."""
@@ -218,4 +221,5 @@ class AclDirectory:
             by_cluster.setdefault(manifest["metadata"].get("vCluster"), []).append(_binding(manifest))
         self._acls = {vcluster: Acls(bindings) for vcluster, bindings in by_cluster.items()}
         self._authorizers = {}
+        self.on_change()
         return None

@@ -28,6 +28,7 @@ from kanal.pipeline.chain import Pipeline, ResolvedChain
 from kanal.pipeline.core_rules import CoreRules
 from kanal.pipeline.decode import decodes_request, decodes_response
 from kanal.pipeline.dispatch import CloseConnection, Dispatcher, PartitionFailure, merge_partition_errors
+from kanal.pipeline.wire import ResponseFix, WirePath
 from kanal.protocol.api import ApiKey, api_name, request_class, response_class
 from kanal.protocol.api_versions import RecentAnswers
 from kanal.protocol.error_responses import error_response
@@ -154,6 +155,7 @@ class Pending(Slot):
     started: float = 0.0
     forwarded: float = 0.0
     dedicated: bool = True  # sent on the client's own link (may stream its response)
+    fixes: list[ResponseFix] = field(default_factory=list)  # wire stages' response side, applied first
 
     def __post_init__(self) -> None:
         Slot.__init__(self)
@@ -177,7 +179,7 @@ class Pending(Slot):
                 size,
                 STREAM_FROM,
                 dedicated=self.dedicated,
-                decoded=self.decode or conn.gateway.tap is not None,
+                decoded=self.decode or bool(self.fixes) or conn.gateway.tap is not None,
                 first=conn.session.is_first(self),
             )
             and not conn.writing
@@ -248,6 +250,7 @@ class ClientConnection:
         self._chain_version = -1
         self._chain: ResolvedChain | None = None
         self._dispatcher: Dispatcher | None = None
+        self._wire = WirePath(info)
         self._identity: tuple[str | None, tuple[str, ...], str | None] = (None, (), None)
         self._read_scope = trio.CancelScope()
         self._login_scope = trio.CancelScope()
@@ -572,7 +575,10 @@ class ClientConnection:
         header = parse_request_header(head)
         if not self._uses_own_link(header.api_key):
             return False
-        return not decodes_request(self.chain(), header, head, self.gateway.topic_id_name)
+        chain = self.chain()
+        return not chain.wire_for(header.api_key) and not decodes_request(
+            chain, header, head, self.gateway.topic_id_name
+        )
 
     def _in_session(self, frame: bytearray) -> bool:
         """An authenticated client's request in its session: none of the exchange's business (checked
@@ -702,6 +708,18 @@ class ClientConnection:
         if streamed_size is None and decodes_request(chain, header, frame, self.gateway.topic_id_name):
             await self._intercept_request(frame, header, chain, started)
             return
+        received: bytearray = frame
+        fixes: list[ResponseFix] = []
+        stages = chain.wire_for(api_key)
+        if stages:  # (never streamed: see _may_stream)
+            try:
+                handled = self._wire.run(stages, self._chain_version, header, frame)
+            except InvalidHeader as exc:
+                raise ProtocolViolation(f"malformed {api_name(api_key)} request: {exc}") from exc
+            if handled is None:
+                await self._intercept_request(frame, header, chain, started)
+                return
+            frame, fixes = handled
         secret = False  # the request carries credentials: not kept to answer it with an error
         if api_key in _SASL_APIS:
             self._relays_identity = True
@@ -721,10 +739,11 @@ class ClientConnection:
                     version,
                     header.client_id,
                     decode=decodes_response(chain, api_key) or secret,  # (never streamed: watched)
-                    frame=frame if streamed_size is None and not secret else None,
+                    frame=received if streamed_size is None and not secret else None,
                     started=started,
                     forwarded=time.perf_counter(),
                     dedicated=not link.shared,
+                    fixes=fixes,
                 )
             )
         wait_ms = requested_wait_ms(frame, header) if pending is not None else 0
@@ -963,6 +982,8 @@ class ClientConnection:
         """A response no hook needs: as it came, unless it carries broker addresses (KIP-951
         leader hints) the core must rewrite."""
         api_key, version = pending.api_key, pending.api_version
+        for fix in pending.fixes:
+            frame = fix(frame)
         if not carries_addresses(api_key, version) or not has_node_endpoints(api_key, version, frame):
             return frame
         body = _decoded(pending, frame)
@@ -974,6 +995,8 @@ class ClientConnection:
     async def _process_response(self, pending: Pending, frame: bytearray) -> bytearray:
         if not pending.decode:
             return self._plain_response(pending, frame)
+        for fix in pending.fixes:
+            frame = fix(frame)
         body = _decoded(pending, frame)
         if body is None:
             return frame

@@ -17,6 +17,7 @@ from kanal.api.hookspecs import PROJECT, InterceptorHooks
 from kanal.api.interceptor import Interceptor, InterceptorConfigError, InterceptorSpec, Scope, validate_config
 from kanal.api.services import GatewayServices
 from kanal.pipeline.registry import PluginRegistry
+from kanal.pipeline.wire import WireStage
 from kanal.protocol.api import ApiKey
 
 log = logging.getLogger(__name__)
@@ -136,6 +137,7 @@ class ResolvedChain:
     _requests: dict[int, list[Entry]] = field(default_factory=dict)
     _responses: dict[int, list[Entry]] = field(default_factory=dict)
     _always_decoded: dict[int, bool] = field(default_factory=dict)
+    _wire: dict[int, tuple[WireStage, ...]] = field(default_factory=dict)
 
     def requests_for(self, api_key: int) -> list[Entry]:
         """The ``kanal_request`` hooks that asked for this API, in chain order."""
@@ -160,16 +162,32 @@ class ResolvedChain:
                 selected.append(Entry(position, item.spec.name, item.hooks[hook_name]))
         return selected
 
+    def wire_for(self, api_key: int) -> tuple[WireStage, ...]:
+        """The stages that handle this API's requests on their bytes (:mod:`kanal.pipeline.wire`),
+        in chain order: when every request hook for it is a built-in's with a stage for it; else none."""
+        stages = self._wire.get(api_key)
+        if stages is None:
+            found: list[WireStage] = []
+            for entry in self.requests_for(api_key):
+                item = self.interceptors[entry.position]
+                instance = item.instance
+                if not (item.builtin and isinstance(instance, WireStage) and api_key in instance.wire_api_keys):
+                    found = []
+                    break
+                found.append(instance)
+            stages = self._wire[api_key] = tuple(found)
+        return stages
+
     def decode_request(self, api_key: int) -> bool:
         """Whether requests of this API must be decoded for a hook (Produce: see :meth:`decode_produce`)."""
         if api_key == ApiKey.PRODUCE and self.produce_records:
             return True
-        return bool(self.requests_for(api_key))
+        return bool(self.requests_for(api_key)) and not self.wire_for(api_key)
 
     def decode_produce(self, topics: Sequence[str] | None) -> bool:
         """Whether a Produce request for ``topics`` (None: not known) must be decoded for a hook:
         for a request hook, or for a records hook whose interceptor wants one of the topics."""
-        if self.requests_for(ApiKey.PRODUCE):
+        if self.requests_for(ApiKey.PRODUCE) and not self.wire_for(ApiKey.PRODUCE):
             return True
         if not self.produce_records:
             return False
@@ -314,6 +332,11 @@ class Pipeline:
     def groups_changed(self) -> None:
         """Group memberships changed: every connection works out its groups and chain again at its
         next request (chains already resolved stay right for the groups they were resolved for)."""
+        self.version += 1
+
+    def decisions_changed(self) -> None:
+        """What the built-ins decide on changed (the ACLs): connections forget the wire outcomes
+        they remember (:class:`kanal.pipeline.wire.WirePath`), which hold for one version only."""
         self.version += 1
 
     def instances(self) -> list[Interceptor]:

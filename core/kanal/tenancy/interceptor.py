@@ -19,7 +19,11 @@ from kanal.api.hookspecs import hookimpl
 from kanal.api.interceptor import Interceptor
 from kanal.api.results import Reject, Respond
 from kanal.api.services import GatewayServices
+from kanal.pipeline.wire import ResponseFix, WireRequest
 from kanal.protocol.api import ApiKey, api_name
+from kanal.protocol.headers import response_correlation_id, skip_tagged_fields
+from kanal.protocol.messages import decode_response, encode_response
+from kanal.protocol.name_spans import produce_response_names, splice
 from kanal.tenancy.names import VirtualNames
 from kanal.tenancy.rewrite import UNCHANGED, Rewrite, renames_response, to_logical, to_physical
 from kanal.tenancy.scope import PASSED_APIS, RENAMED_APIS
@@ -38,11 +42,75 @@ class VirtualClusterNames(Interceptor):
     request_api_keys: ClassVar[frozenset[int] | None] = frozenset(api_key_map) - PASSED_APIS
     response_api_keys: ClassVar[frozenset[int] | None] = RENAMED_APIS
     responses_on_demand: ClassVar[bool] = True
+    #: Renamed on the wire bytes (see :meth:`wire_request`).
+    wire_api_keys: ClassVar[frozenset[int]] = frozenset({ApiKey.PRODUCE, ApiKey.FETCH})
 
     def __init__(self, names: VirtualNames, services: GatewayServices, vcluster: str) -> None:
         super().__init__(None, services)
         self.names = names
         self.vcluster = vcluster
+        self._produce_fixes: dict[int, ResponseFix] = {}
+
+    def wire_request(self, request: WireRequest) -> bool:
+        """Produce: the transactional id and topic names get the prefix in a splice, and the
+        response's names lose it the same way. Fetch v13+ names topics by id only: nothing to do.
+        Fetch up to v12 carries names in its large responses: the decoded path renames those."""
+        header = request.header
+        version = header.api_version
+        if header.api_key == ApiKey.FETCH:
+            return not renames_response(ApiKey.FETCH, version)
+        names = request.names
+        spans = list(names.topics)
+        physical = [self.names.topic(span.value) for span in spans]
+        txn = names.transactional_id
+        if txn is not None:
+            spans.insert(0, txn)
+            physical.insert(0, self.names.transactional_id(txn.value))
+        if spans:
+            request.frame = splice(request.frame, spans, physical, header.header_version >= 2)
+        if renames_response(ApiKey.PRODUCE, version):
+            request.fixes.append(self._produce_fix(version))
+        return True
+
+    def _produce_fix(self, version: int) -> ResponseFix:
+        fix = self._produce_fixes.get(version)
+        if fix is None:
+            fix = self._produce_fixes[version] = self._logical_produce_response(version)
+        return fix
+
+    def _logical_produce_response(self, version: int) -> ResponseFix:
+        """The names of a Produce response of this version back to logical ones. Like requests (see
+        :class:`kanal.pipeline.wire.WirePath`), the responses to a producer repeat their body's bytes
+        up to the end of their only topic name: the last such part and its renaming are kept."""
+        names = self.names
+        flexible = version >= 9
+        last: list[bytes] = [b"", b""]  # (body up to the name, renamed)
+
+        def fix(frame: bytearray) -> bytearray:
+            body = 4  # after the correlation id, and the header's (nearly always empty) tagged fields
+            if flexible:
+                body = 5 if frame[4] == 0 else skip_tagged_fields(frame, 4)
+            prefix, renamed = last
+            end = body + len(prefix)
+            if prefix and frame[body:end] == prefix:
+                return frame[:body] + renamed + frame[end:]
+            spans = produce_response_names(frame, version)
+            logical = []
+            for span in spans:
+                name = names.logical_topic(span.value)
+                if name is None:  # not the tenant's (no broker answers with one): as the decoded path does
+                    response = decode_response(ApiKey.PRODUCE, version, frame)
+                    return encode_response(
+                        to_logical(ApiKey.PRODUCE, response, UNCHANGED, names), response_correlation_id(frame)
+                    )
+                logical.append(name)
+            out = splice(frame, spans, logical, flexible)
+            if len(spans) == 1:
+                moved = spans[0].end + len(out) - len(frame)
+                last[:] = [bytes(frame[body : spans[0].end]), bytes(out[body:moved])]
+            return out
+
+        return fix
 
     @hookimpl
     def kanal_request(self, ctx: RequestContext) -> Any:
