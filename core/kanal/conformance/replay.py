@@ -9,6 +9,8 @@ the documented differences to expect::
     config:            # a gateway config document, as for `kanal run --config` (gateway, kafka, interceptors)
       interceptors: [...]
     env: {GATEWAY_FEATURE_FLAGS_X: "true"}         # extra GATEWAY_*/KAFKA_* variables
+    resources: [...]                               # admin-API manifests applied to the gateway first
+                                                   # (see kanal.conformance.resources)
     plugins: [my_module:plugin]                    # plugin objects to register (module paths may be
                                                    # relative to the case file's folder)
     compare_upstream_requests: true                # also compare what the gateway sends upstream
@@ -50,6 +52,8 @@ from typing import Any
 import trio
 import yaml
 
+from kanal.api.context import Connection
+from kanal.api.resources import Manifest
 from kanal.config.settings import KnownSettings, build_settings
 from kanal.conformance.diff import (
     RESPONSE,
@@ -67,6 +71,7 @@ from kanal.conformance.diff import (
     to_tree,
 )
 from kanal.conformance.frames import Capture, CaptureFormatError, Exchange, Frame, is_frame_capture
+from kanal.conformance.resources import ManifestError, apply_resources, check_manifests
 from kanal.conformance.scripted_broker import ScriptedBroker, broker_addresses
 from kanal.embedded.tansu import free_port_block
 from kanal.gateway import Gateway
@@ -82,7 +87,17 @@ log = logging.getLogger(__name__)
 
 CASE_SUFFIX = ".case.yaml"
 DEFAULT_TIMEOUT = 5.0
-_CASE_KEYS = {"description", "capture", "config", "env", "plugins", "compare_upstream_requests", "timeout", "expect"}
+_CASE_KEYS = {
+    "description",
+    "capture",
+    "config",
+    "env",
+    "resources",
+    "plugins",
+    "compare_upstream_requests",
+    "timeout",
+    "expect",
+}
 
 
 class CaseError(ValueError):
@@ -99,6 +114,9 @@ class Case:
     description: str = ""
     config: Mapping[str, Any] | None = None
     env: dict[str, str] = field(default_factory=dict)
+    #: Admin-API manifests applied to the replay's gateway before the replay (see
+    #: :mod:`kanal.conformance.resources`).
+    resources: list[Manifest] = field(default_factory=list)
     plugins: list[str] = field(default_factory=list)
     expectations: list[Expectation] = field(default_factory=list)
     compare_upstream_requests: bool = True
@@ -136,8 +154,11 @@ def load_case(path: str | Path, name: str | None = None) -> Case:
         raise CaseError(f"{path}: env and config must be mappings, plugins a list")
     try:
         expectations = parse_expectations(doc.get("expect"), str(path))
+        resources = check_manifests(doc.get("resources"))
     except ExpectationError as exc:
         raise CaseError(str(exc)) from None
+    except ManifestError as exc:
+        raise CaseError(f"{path}: {exc}") from None
     return Case(
         name=name or path.name.removesuffix(CASE_SUFFIX),
         capture_path=capture,
@@ -145,6 +166,7 @@ def load_case(path: str | Path, name: str | None = None) -> Case:
         description=str(doc.get("description") or ""),
         config=config,
         env={str(k): str(v) for k, v in env.items()},
+        resources=resources,
         plugins=[str(p) for p in plugins],
         expectations=expectations,
         compare_upstream_requests=bool(doc.get("compare_upstream_requests", True)),
@@ -540,6 +562,10 @@ def _nodes(broker: ScriptedBroker, capture: Capture) -> list[int]:
     return sorted(nodes) or [0]
 
 
+def _untapped(connection: Connection, direction: str, frame: bytes | bytearray) -> None:
+    """The tap of a replayed gateway capture when the caller gives none: sees frames, keeps none."""
+
+
 async def replay(case: Case, registry: PluginRegistry | None = None, tap: FrameTap | None = None) -> CaseResult:
     """Replays one case; see the module docstring. ``tap``, if given, sees the replay's frames
     (a :class:`~kanal.conformance.capture.CaptureTap` records the replay as a gateway capture)."""
@@ -555,6 +581,7 @@ async def replay(case: Case, registry: PluginRegistry | None = None, tap: FrameT
         e.uses = 0
     broker = ScriptedBroker(capture)
     run: _Replay | None = None
+    refused: ManifestError | None = None
     async with trio.open_nursery() as outer:
         await outer.start(broker.serve)
         nodes = _nodes(broker, capture)
@@ -574,7 +601,15 @@ async def replay(case: Case, registry: PluginRegistry | None = None, tap: FrameT
                 "GATEWAY_SHUTDOWN_TIMEOUT_MS": str(int(case.timeout * 1000)),
             }
             gateway = Gateway(build_settings(env, case.config, KnownSettings(registry.declared_settings())), registry)
-            gateway.tap = tap
+            # A gateway capture was recorded with a tap, which the gateway heeds (it forwards a
+            # client's ApiVersions before the login instead of answering it from a recent answer):
+            # replayed with one too, so that it forwards what it forwarded then.
+            gateway.tap = tap if tap is not None or not capture.gateway_side else _untapped
+            try:
+                await apply_resources(gateway, case.resources)
+            except ManifestError as exc:
+                refused = exc
+                break
             run, listen_error = await _replay_through(case, capture, broker, gateway, result)
             if listen_error is None:
                 break
@@ -582,6 +617,8 @@ async def replay(case: Case, registry: PluginRegistry | None = None, tap: FrameT
                 raise listen_error
             log.info("gateway ports taken meanwhile, retrying with another block")  # a race with another process
         outer.cancel_scope.cancel()
+    if refused is not None:
+        raise CaseError(f"{case.case_path}: {refused}")
     result.failures.extend(f"scripted broker: {p}" for p in broker.problems)
     if case.compare_upstream_requests and run is not None:
         run.compare_upstream()
