@@ -21,6 +21,7 @@ from kanal.api.errors import UpstreamError
 from kanal.api.interceptor import Interceptor, InterceptorSpec, Scope
 from kanal.api.resources import KindRegistry
 from kanal.api.services import Service
+from kanal.api.services import TopicNames as TopicNamesView
 from kanal.audit import AuditLog, node_source
 from kanal.authz.enforcer import AclEnforcer
 from kanal.authz.store import AclDirectory, acl_from_json
@@ -55,6 +56,7 @@ from kanal.services import CoreServices, PassthroughAcls, PluginServices, Resolv
 from kanal.tenancy.clusters import KAFKA_API, REST_API, VirtualClusters
 from kanal.tenancy.interceptor import VirtualClusterNames
 from kanal.tenancy.names import VirtualNames
+from kanal.tenancy.topic_ids import TenantTopicNames, VirtualTopicIds
 
 log = logging.getLogger(__name__)
 # accept(2) failing for lack of descriptors or memory: the listener waits and goes on (as trio's
@@ -95,6 +97,7 @@ class Gateway:
         if settings.feature("lifecycle_metrics"):
             self.metrics.enable_lifecycle()
         self.topic_names = TopicNames()
+        self._tenant_topic_names: dict[str, TenantTopicNames] = {}
         timeout = settings.upstream_connect_timeout_ms / 1000
         self.kafka = GatewayKafkaClient(
             settings.upstream,
@@ -211,6 +214,7 @@ class Gateway:
         scope = Scope(vcluster=PASSTHROUGH if vcluster is None else vcluster)
         cluster = None if vcluster is None else self.virtual_clusters.get(vcluster)
         names = None if vcluster is None else VirtualNames(vcluster)
+        ids = self._topic_ids(vcluster)
         items: list[tuple[InterceptorSpec, Interceptor]] = []
         if self.settings.acl_enabled if vcluster is None else cluster is not None and cluster.acl_enabled:
             if self._follow_acls is not None:
@@ -218,19 +222,33 @@ class Gateway:
                 self._follow_acls = None
             spec = InterceptorSpec("kanal-acls", AclEnforcer.plugin_name, _OUTERMOST, scope)
             logical = None if names is None else names.logical_topic
-            items.append((spec, AclEnforcer(self.acls, services, vcluster, logical)))
+            physical_id = None if ids is None else ids.physical
+            items.append((spec, AclEnforcer(self.acls, services, vcluster, logical, physical_id)))
         if not self.settings.feature(TOPIC_IDS_FLAG):
             spec = InterceptorSpec("kanal-topic-ids-off", TopicIdsOff.plugin_name, _OUTERMOST, scope)
             items.append((spec, TopicIdsOff(None, services)))
         if names is not None:
             spec = InterceptorSpec("kanal-virtual-cluster", VirtualClusterNames.plugin_name, _INNERMOST, scope)
-            items.append((spec, VirtualClusterNames(names, services, names.prefix)))
+            items.append((spec, VirtualClusterNames(names, services, names.prefix, ids)))
         return items
 
-    @property
-    def resolving_topic_names(self) -> ResolvingTopicNames:
-        """Topic names with resolution through the gateway's Kafka client (for hooks)."""
-        return self.core_services.topic_names
+    def _topic_ids(self, vcluster: str | None) -> VirtualTopicIds | None:
+        """A virtual cluster's own topic ids, with topic-id support on (else it shows the physical ones)."""
+        if vcluster is None or not self.settings.feature(TOPIC_IDS_FLAG):
+            return None
+        return VirtualTopicIds(vcluster)
+
+    def topic_names_for(self, vcluster: str | None) -> TopicNamesView:
+        """Topic names as the interceptors of a virtual cluster's connections see them (None: the
+        passthrough cluster's): the tenant's names and ids."""
+        if vcluster is None:
+            return self.core_services.topic_names
+        names = self._tenant_topic_names.get(vcluster)
+        if names is None:
+            ids = self._topic_ids(vcluster)
+            names = TenantTopicNames(self.core_services.topic_names, VirtualNames(vcluster), ids)
+            self._tenant_topic_names[vcluster] = names
+        return names
 
     def topic_id_name(self, topic_id: uuid.UUID) -> str | None:
         """The name of a topic id if the gateway has seen it (no I/O)."""

@@ -34,7 +34,7 @@ from kanal.api.results import PartitionError
 from kanal.api.services import GatewayAcls, Identities, KafkaClient, LogRecord, Principal, StateLog
 from kanal.net.upstream import own_request_class
 from kanal.pipeline.chain import Configured, build_chain, configured
-from kanal.pipeline.dispatch import Dispatcher, PartitionFailure, merge_partition_errors
+from kanal.pipeline.dispatch import Dispatcher, PartitionFailure
 from kanal.protocol.api import ApiKey
 from kanal.protocol.entities import build, nested
 from kanal.protocol.headers import parse_request_header
@@ -342,8 +342,6 @@ class Harness:
         if upstream is None or not expects:
             return Exchange(forwarded, None, outcome.failures, calls)
         body = await _answer(upstream, forwarded)
-        if outcome.failures:
-            body = merge_partition_errors(body, outcome.failures)
         response = ResponseContext(
             self.connection,
             api_key,
@@ -356,7 +354,7 @@ class Harness:
             outcome.notes,
             _sender=send_own,
         )
-        result = await self.dispatcher.response(response)
+        result = await self.dispatcher.response(response, failures=outcome.failures)
         if result is body:  # unchanged: the gateway forwards the broker's bytes
             return Exchange(forwarded, body, outcome.failures, calls)
         return Exchange(forwarded, _wire_response(result, correlation_id), outcome.failures, calls)

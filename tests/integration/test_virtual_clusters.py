@@ -8,7 +8,7 @@ import base64
 import secrets
 import time
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
@@ -27,7 +27,12 @@ from confluent_kafka.admin import (
 )
 from inprocess import bootstrap_of, inprocess_gateway
 from kafka import KafkaConsumer, KafkaProducer
+from kio.schema.errors import ErrorCode
 
+from kanal.api.context import RecordsContext
+from kanal.api.hookspecs import hookimpl
+from kanal.api.interceptor import Interceptor, InterceptorSpec, Scope
+from kanal.api.results import PartitionError
 from kanal.embedded import TansuBroker
 from kanal.gateway import Gateway
 from kanal.identity.accounts import AccountType, ServiceAccount
@@ -232,3 +237,49 @@ def test_a_tenant_super_user_manages_the_tenant_acls_on_logical_names(
         team_b = AdminClient(_config(gw, "team-b."))  # ACLs are not enforced there: the ACL APIs are refused
         refused_acl = team_b.create_acls([acl], request_timeout=10)[acl].exception()
         assert refused_acl is not None and refused_acl.args[0].code() == KafkaError.CLUSTER_AUTHORIZATION_FAILED
+
+
+class BadValues(Interceptor):
+    """Fails the partitions whose records hold the value ``bad``, and remembers the topics it saw."""
+
+    plugin_name = "bad-values"
+    seen: ClassVar[set[str]] = set()
+
+    @hookimpl
+    def kanal_produce_records(self, ctx: RecordsContext) -> PartitionError | None:
+        self.seen.add(ctx.topic)
+        if any(record.value == b"bad" for _batch, record in ctx.records):
+            return PartitionError(ErrorCode.invalid_record, "bad value")
+        return None
+
+
+class BadValuesPlugin:
+    @hookimpl
+    def kanal_interceptor_types(self) -> list[type[Interceptor]]:
+        return [BadValues]
+
+
+def test_a_tenants_records_interceptor_sees_and_fails_its_logical_topics(
+    tansu: TansuBroker, unique_topic: Callable[..., str]
+) -> None:
+    """Records hooks run in the onion: inside the tenant's view, outside the renaming."""
+    env = {
+        "GATEWAY_SECURITY_PROTOCOL": "SASL_PLAINTEXT",
+        "GATEWAY_USER_POOL_SECRET_KEY": base64.b64encode(SECRET).decode(),
+    }
+    topic = unique_topic()
+    spec = InterceptorSpec("bad", "bad-values", scope=Scope(vcluster="team-a."))
+    with inprocess_gateway(tansu, {"bad": BadValuesPlugin()}, [spec], env=env) as gw:
+        gw.service_accounts.replace([ServiceAccount("app", "team-a.", AccountType.LOCAL)])
+        admin = AdminClient(_config(gw, "team-a."))
+        for future in admin.create_topics([NewTopic(topic, 1)], request_timeout=10).values():
+            future.result()
+        producer = Producer({**_config(gw, "team-a."), "retries": 0, "message.timeout.ms": 10000})
+        outcomes: dict[bytes, KafkaError | None] = {}
+        for value in (b"good", b"bad"):
+            producer.produce(topic, value, on_delivery=lambda err, msg: outcomes.__setitem__(msg.value(), err))
+            producer.flush(15)
+    assert outcomes[b"good"] is None
+    bad = outcomes[b"bad"]
+    assert bad is not None and bad.code() == KafkaError.INVALID_RECORD  # the error found its logical topic
+    assert BadValues.seen == {topic}

@@ -100,13 +100,16 @@ class Host:
         names = TopicNames()
         self.core_rules = CoreRules(lambda brokers: None, names, lambda node: ("127.0.0.1", 6969))
         self.kafka = FakeKafka()
-        self.resolving_topic_names = names
+        self.topic_names = names
         self.brokers: list[Broker] = []
         self.opened = trio.Event()
         self.pool: UpstreamPool | None = None
 
     def topic_id_name(self, topic_id: Any) -> str | None:
         return None
+
+    def topic_names_for(self, vcluster: str | None) -> TopicNames:
+        return self.topic_names
 
     async def open_link(self, node_id: int, *, shared: bool) -> UpstreamLink:
         ours, theirs = trio.testing.memory_stream_pair()

@@ -7,6 +7,7 @@ notes, the hook deadline, requests of an interceptor's own, and how records hook
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from functools import partial
 from typing import Any, ClassVar
 
@@ -273,3 +274,59 @@ def test_close_calls_aclose() -> None:
     harness.add(Holder)
     trio.run(harness.close)
     assert closed == ["holder"]
+
+
+class Prefixer(Interceptor):
+    """Renames Produce topics: adds its prefix on the way in, strips it on the way out."""
+
+    plugin_name: ClassVar[str] = "prefixer"
+    request_api_keys: ClassVar[frozenset[int] | None] = frozenset({ApiKey.PRODUCE})
+    response_api_keys: ClassVar[frozenset[int] | None] = frozenset({ApiKey.PRODUCE})
+
+    @hookimpl
+    def kanal_request(self, ctx: RequestContext) -> None:
+        prefix = self.config["prefix"]
+        topics = tuple(replace(t, name=prefix + t.name) for t in ctx.request.topic_data)
+        ctx.request = replace(ctx.request, topic_data=topics)
+
+    @hookimpl
+    def kanal_response(self, ctx: ResponseContext) -> None:
+        prefix = self.config["prefix"]
+        topics = tuple(replace(t, name=t.name.removeprefix(prefix)) for t in ctx.response.responses)
+        ctx.response = replace(ctx.response, responses=topics)
+
+
+class SeesTopics(FailOdd):
+    plugin_name: ClassVar[str] = "sees-topics"
+
+    @hookimpl
+    def kanal_produce_records(self, ctx: RecordsContext) -> PartitionError | None:
+        self.services.shared.setdefault("seen", []).append(ctx.topic)
+        return super().kanal_produce_records(ctx)
+
+
+def test_records_hooks_run_in_the_onion_and_their_failures_join_the_response_where_they_are() -> None:
+    """Between an outer and an inner renaming, a records hook sees the outer interceptor's names,
+    and the partition it fails reaches the client under the client's name."""
+    services = FakeServices()
+    harness = Harness(services=services)
+    harness.add(Prefixer, {"prefix": "a."})
+    harness.add(SeesTopics)
+    harness.add(Prefixer, {"prefix": "c."})
+    cls = require_request_class(ApiKey.PRODUCE, 9)
+    topic_cls = nested(cls, "topic_data")
+    data = encode_batch([Record(value=b"v")], base_timestamp=1)
+    parts = tuple(build(nested(topic_cls, "partition_data"), index=i, records=data) for i in (0, 1))
+    request = build(cls, acks=1, topic_data=(build(topic_cls, name="t", partition_data=parts),))
+
+    def broker(forwarded: Any) -> Any:
+        assert [(t.name, [p.index for p in t.partition_data]) for t in forwarded.topic_data] == [("c.a.t", [0])]
+        response_cls = response_class(ApiKey.PRODUCE, 9)
+        r_topic = nested(response_cls, "responses")
+        ok = build(nested(r_topic, "partition_responses"), index=0, error_code=ErrorCode.none, base_offset=5)
+        return build(response_cls, responses=(build(r_topic, name="c.a.t", partition_responses=(ok,)),))
+
+    exchange = run(harness, request, broker)
+    assert services.shared["seen"] == ["a.t", "a.t"]  # (once per partition)
+    answered = [(t.name, p.index, p.error_code) for t in exchange.response.responses for p in t.partition_responses]
+    assert sorted(answered) == [("t", 0, ErrorCode.none), ("t", 1, ErrorCode.invalid_record)]

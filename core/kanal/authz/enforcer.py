@@ -39,6 +39,10 @@ AUTHORIZATION = "AUTHORIZATION"
 _ANONYMOUS = "User:ANONYMOUS"
 #: What a topic id of another virtual cluster is called in decisions and audit events: never allowed.
 FOREIGN_TOPIC = "<a topic of another virtual cluster>"
+#: What a topic id the cluster does not know is called: let through, so the client gets the broker's
+#: UNKNOWN_TOPIC_ID (retriable: it refreshes its metadata), as from Kafka, which cannot authorize a
+#: name it cannot find, and never a TOPIC_AUTHORIZATION_FAILED because a name lookup failed.
+UNKNOWN_TOPIC = "<a topic id the cluster does not know>"
 _UNAVAILABLE = ErrorCode.request_timed_out  # retriable: the client's library tries again
 _DECLARED = "the ACLs of virtual cluster {!r} are those of its VirtualCluster resource (aclMode REST_API)"
 
@@ -66,14 +70,17 @@ class AclEnforcer(Interceptor):
         services: GatewayServices,
         vcluster: str | None = None,
         logical_topic: Callable[[str], str | None] | None = None,
+        physical_id: Callable[[uuid.UUID], uuid.UUID] | None = None,
     ) -> None:
         """``logical_topic`` names a physical topic in the virtual cluster (None: another's): a topic
-        a request names by id is checked under the name the tenant's ACLs use."""
+        a request names by id is checked under the name the tenant's ACLs use. ``physical_id``: the
+        physical id of one of the virtual cluster's own topic ids (topic-id support on)."""
         super().__init__(None, services)
         self.directory = directory
         self.vcluster = vcluster
         self._topic_names = services.topic_names
         self._logical_topic = logical_topic
+        self._physical_id = physical_id
 
     def _decide(self, connection: Connection) -> Check:
         """The decisions for this connection's principal and host, against the cluster's ACLs now."""
@@ -84,6 +91,8 @@ class AclEnforcer(Interceptor):
         def decide(operation: Operation, resource_type: ResourceType, name: str) -> bool:
             if name == FOREIGN_TOPIC:
                 return False
+            if name == UNKNOWN_TOPIC:
+                return True
             return authorizer.allows(principal, host, operation, resource_type, name)
 
         def decide_any(operation: Operation, resource_type: ResourceType) -> bool:
@@ -110,7 +119,7 @@ class AclEnforcer(Interceptor):
             if not allows(principal, host, operation, topic, span.value):
                 return False
         for topic_id in names.topic_ids:
-            name = self._topic_names.name(topic_id)
+            name = self._topic_names.name(self._physical(topic_id))
             if name is not None and self._logical_topic is not None:
                 name = self._logical_topic(name)
             if name is None or not allows(principal, host, operation, topic, name):
@@ -159,11 +168,17 @@ class AclEnforcer(Interceptor):
             for entry in getattr(request, field_name, None) or ():
                 topic_id = getattr(entry, "topic_id", None)
                 if topic_id is not None and not _named(entry) and topic_id not in names:
-                    name = self._topic_names.name(topic_id) or await self._topic_names.resolve(topic_id)
-                    if self._logical_topic is not None:
+                    physical = self._physical(topic_id)
+                    name = self._topic_names.name(physical) or await self._topic_names.resolve(physical)
+                    if name == str(physical):  # (what resolve answers for an id nobody could name)
+                        name = UNKNOWN_TOPIC
+                    elif self._logical_topic is not None:
                         name = self._logical_topic(name) or FOREIGN_TOPIC
                     names[topic_id] = name
         return names
+
+    def _physical(self, topic_id: uuid.UUID) -> uuid.UUID:
+        return topic_id if self._physical_id is None else self._physical_id(topic_id)
 
     def _audit(self, ctx: RequestContext, denied: list[Denial]) -> None:
         for denial in dict.fromkeys(denied):

@@ -27,7 +27,7 @@ from kanal.net.upstream_link import UpstreamClosed, UpstreamLink, UpstreamTimeou
 from kanal.pipeline.chain import Pipeline, ResolvedChain
 from kanal.pipeline.core_rules import CoreRules
 from kanal.pipeline.decode import decodes_request, decodes_response
-from kanal.pipeline.dispatch import CloseConnection, Dispatcher, PartitionFailure, merge_partition_errors
+from kanal.pipeline.dispatch import CloseConnection, Dispatcher, PartitionFailure
 from kanal.pipeline.wire import ResponseFix, WirePath
 from kanal.protocol.api import ApiKey, api_name, request_class, response_class
 from kanal.protocol.api_versions import RecentAnswers
@@ -101,8 +101,9 @@ class ConnectionHost(Protocol):
     @property
     def kafka(self) -> KafkaClient: ...
 
-    @property
-    def resolving_topic_names(self) -> TopicNames: ...
+    def topic_names_for(self, vcluster: str | None) -> TopicNames:
+        """Topic names as the interceptors of a virtual cluster's connections see them."""
+        ...
 
     def topic_id_name(self, topic_id: Any) -> str | None: ...
 
@@ -305,7 +306,7 @@ class ClientConnection:
             metrics = gateway.metrics
             self._dispatcher = Dispatcher(
                 chain,
-                gateway.resolving_topic_names,
+                gateway.topic_names_for(self.info.vcluster),
                 gateway.settings.hook_timeout_ms / 1000,
                 metrics.stage if metrics.lifecycle is not None else None,
             )
@@ -780,7 +781,7 @@ class ClientConnection:
             header.correlation_id,
             header.client_id,
             original,
-            self.gateway.resolving_topic_names,
+            self.gateway.topic_names_for(self.info.vcluster),
             _sender=self._send_own_request,
         )
         expects = api_key != ApiKey.PRODUCE or original.acks != 0
@@ -1003,11 +1004,9 @@ class ClientConnection:
         api_key = pending.api_key
         original = body
         body = self.gateway.core_rules.response(api_key, pending.api_version, body)
-        if pending.failures:
-            body = merge_partition_errors(body, pending.failures)
         dispatcher = self.dispatcher()
         chain = dispatcher.chain
-        if chain.responses_for(api_key) or (api_key == ApiKey.FETCH and chain.fetch_records):
+        if chain.responses_for(api_key) or pending.failures or (api_key == ApiKey.FETCH and chain.fetch_records):
             ctx = ResponseContext(
                 self.info,
                 api_key,
@@ -1016,11 +1015,11 @@ class ClientConnection:
                 pending.client_id,
                 pending.request,
                 body,
-                self.gateway.resolving_topic_names,
+                self.gateway.topic_names_for(self.info.vcluster),
                 pending.notes,
                 _sender=self._send_gateway_request,
             )
-            body = await dispatcher.response(ctx)
+            body = await dispatcher.response(ctx, failures=pending.failures)
         if body is original:
             return frame
         return encode_response(body, pending.client_corr)

@@ -4,9 +4,12 @@ The onion (as in Kroxylicious's filter chain): request hooks run outermost first
 hooks innermost first (n→1). A hook that answers (``Respond``/``Reject``) at position k stops the
 request there: the answer travels back through the response hooks of positions k-1..1, exactly as
 an upstream response would, so an outer interceptor (an audit log, a metrics plugin) sees every
-answer its client gets. ``Close`` closes the connection. Record hooks run per topic-partition:
-produce records in chain order after the request hooks, fetch records innermost first before the
-response hooks. Every hook has a deadline (``GATEWAY_HOOK_TIMEOUT_MS``): an async hook is cancelled
+answer its client gets. ``Close`` closes the connection. Record hooks run per topic-partition, in
+the onion too: an interceptor's produce records hook sees the request as the interceptors before it
+left it (after its own request hook, before those of the interceptors after it), and its fetch
+records hook the response as the interceptors after it left it (before its own response hook), so
+an interceptor in a virtual cluster sees the tenant's names both ways. Consecutive records hooks
+share one pass over the partitions. Every hook has a deadline (``GATEWAY_HOOK_TIMEOUT_MS``): an async hook is cancelled
 at it, a sync one that overran is caught when it returns; either closes the connection with a log
 line naming the interceptor. An exception in a hook does the same.
 
@@ -54,6 +57,7 @@ class PartitionFailure:
     topic_id: Any
     partition: int
     error: PartitionError
+    position: int = 0  # of the interceptor that failed it: its error joins the response there
 
 
 @dataclass(slots=True)
@@ -107,16 +111,6 @@ class Dispatcher:
             self.observe(stage, api_key, entry.name, elapsed)
         return result
 
-    async def _first(self, entries: list[Entry], ctx: Any, stage: str, api_key: int) -> tuple[Any, int]:
-        """Runs hooks until one answers; returns the answer and its position (the chain's length
-        when none answered)."""
-        for entry in entries:
-            ctx._position = entry.position
-            result = await self._call(entry, ctx, stage, api_key)
-            if result is not None:
-                return result, entry.position
-        return None, len(self.chain.interceptors)
-
     # -- connections --------------------------------------------------------------------------
 
     async def opened(self, connection: Any) -> None:
@@ -141,14 +135,32 @@ class Dispatcher:
         """Runs the request hooks (and Produce's records hooks) over ``ctx``."""
         api_key = ctx.api_key
         original = ctx.request
-        result, position = await self._first(self.chain.requests_for(api_key), ctx, "request", api_key)
-        outcome = RequestOutcome(ctx.request, notes=ctx._notes, response_wanted=ctx.response_wanted)
-        if result is None and api_key == ApiKey.PRODUCE and self.chain.produce_records:
-            outcome.request = await self._produce_records(ctx, outcome.failures)
-            if outcome.request is None:  # every partition failed: answer without going upstream
-                empty = build(response_type(api_key, ctx.api_version))
-                result = Respond(merge_partition_errors(empty, outcome.failures))
-                outcome.failures = []
+        entries = self.chain.requests_for(api_key)
+        records = self.chain.produce_records if api_key == ApiKey.PRODUCE else []
+        failures: list[PartitionFailure] = []
+        result, position, emptied = None, len(self.chain.interceptors), False
+        for entry in [*entries, None]:
+            outer = [r for r in records if entry is None or r.position < entry.position]
+            if outer:
+                records = records[len(outer) :]
+                kept = await self._produce_records(ctx, outer, failures)
+                if kept is None:  # every partition failed: answered without going upstream
+                    emptied = True
+                    break
+                ctx.request = kept
+            if entry is None:
+                break
+            ctx._position = entry.position
+            answer = await self._call(entry, ctx, "request", api_key)
+            if answer is not None:
+                result, position = answer, entry.position
+                break
+        outcome = RequestOutcome(ctx.request, notes=ctx._notes, response_wanted=ctx.response_wanted, failures=failures)
+        if emptied:
+            empty = build(response_type(api_key, ctx.api_version))
+            result = Respond(merge_partition_errors(empty, failures))
+            position = len(self.chain.interceptors) if entry is None else entry.position
+            outcome.failures = []
         if result is None:
             return outcome
         if isinstance(result, Close):
@@ -179,9 +191,11 @@ class Dispatcher:
         outcome.notes = response._notes
         return outcome
 
-    async def _produce_records(self, ctx: RequestContext, failures: list[PartitionFailure]) -> Any:
-        """Runs the produce records hooks per partition; returns the request to forward (None when
-        no partition is left)."""
+    async def _produce_records(
+        self, ctx: RequestContext, entries: list[Entry], failures: list[PartitionFailure]
+    ) -> Any:
+        """Runs produce records hooks per partition; returns the request to forward (None when no
+        partition is left)."""
         request = ctx.request
         topics = []
         changed = False
@@ -193,9 +207,10 @@ class Dispatcher:
                 rctx = RecordsContext(
                     ctx.connection, ctx.api_key, ctx.api_version, ctx.client_id, name, int(part.index), records
                 )
-                outcome = await self.records(self.chain.produce_records, rctx, "produce_records", ctx.api_key)
+                outcome, failed_by = await self._records_failing(entries, rctx)
                 if outcome is not None:
-                    failures.append(PartitionFailure(name, getattr(topic, "topic_id", None), int(part.index), outcome))
+                    topic_id = getattr(topic, "topic_id", None)
+                    failures.append(PartitionFailure(name, topic_id, int(part.index), outcome, failed_by))
                     changed = True
                     continue
                 if records.changed():
@@ -207,6 +222,15 @@ class Dispatcher:
         if not topics:
             return None
         return replace(request, topic_data=tuple(topics)) if changed else request
+
+    async def _records_failing(self, entries: list[Entry], ctx: RecordsContext) -> tuple[PartitionError | None, int]:
+        """Runs produce records hooks over one partition: the error, and the position of the
+        interceptor that failed it."""
+        for entry in entries:
+            outcome = await self.records([entry], ctx, "produce_records", ctx.api_key)
+            if outcome is not None:
+                return outcome, entry.position
+        return None, 0
 
     async def records(
         self, entries: list[Entry], ctx: RecordsContext, stage: str, api_key: int
@@ -229,17 +253,32 @@ class Dispatcher:
 
     # -- responses -----------------------------------------------------------------------------
 
-    async def response(self, ctx: ResponseContext, before: int | None = None, records: bool = True) -> Any:
+    async def response(
+        self,
+        ctx: ResponseContext,
+        before: int | None = None,
+        records: bool = True,
+        failures: list[PartitionFailure] | None = None,
+    ) -> Any:
         """Runs the response hooks over ``ctx`` (innermost first; with ``before``, only those of the
         interceptors before that position) and returns the body the client gets. Fetch records
-        hooks run first when ``records``."""
+        hooks run at their place when ``records``; the partitions produce records hooks failed
+        (``failures``) join the response where the interceptor that failed them is."""
         api_key = ctx.api_key
-        if records and api_key == ApiKey.FETCH and self.chain.fetch_records:
-            ctx.response = await self._fetch_records(ctx)
+        pending = self.chain.fetch_records if records and api_key == ApiKey.FETCH else []
+        failed = sorted(failures or (), key=lambda f: -f.position)
         entries = self.chain.responses_for(api_key)
         if before is not None:
             entries = [entry for entry in entries if entry.position < before]
         for entry in entries:
+            here = [f for f in failed if f.position >= entry.position]
+            if here:
+                failed = failed[len(here) :]
+                ctx.response = merge_partition_errors(ctx.response, here)
+            inner = [r for r in pending if r.position >= entry.position]
+            if inner:
+                pending = pending[len(inner) :]
+                ctx.response = await self._fetch_records(ctx, inner)
             ctx._position = entry.position
             result = await self._call(entry, ctx, "response", api_key)
             if result is None:
@@ -249,9 +288,13 @@ class Dispatcher:
             if not isinstance(result, Respond):
                 raise CloseConnection(f"a response hook answered {result!r}: expected None, Respond or Close")
             ctx.response = result.response  # and the interceptors further out see it
+        if failed:
+            ctx.response = merge_partition_errors(ctx.response, failed)
+        if pending:
+            ctx.response = await self._fetch_records(ctx, pending)
         return ctx.response
 
-    async def _fetch_records(self, ctx: ResponseContext) -> Any:
+    async def _fetch_records(self, ctx: ResponseContext, entries: list[Entry]) -> Any:
         response = ctx.response
         topics = []
         changed = False
@@ -272,7 +315,7 @@ class Dispatcher:
                     int(part.partition_index),
                     records,
                 )
-                outcome = await self.records(self.chain.fetch_records, rctx, "fetch_records", ctx.api_key)
+                outcome = await self.records(entries, rctx, "fetch_records", ctx.api_key)
                 if outcome is not None:
                     # empty, not null: librdkafka reads a null record set as a broken frame and refetches
                     part = replace(part, error_code=ErrorCode(outcome.error_code), records=b"")

@@ -22,11 +22,12 @@ from kanal.api.services import GatewayServices
 from kanal.pipeline.wire import ResponseFix, WireRequest
 from kanal.protocol.api import ApiKey, api_name
 from kanal.protocol.headers import response_correlation_id, skip_tagged_fields
-from kanal.protocol.messages import decode_response, encode_response
+from kanal.protocol.messages import decode_response, encode_response, response_type
 from kanal.protocol.name_spans import produce_response_names, splice
 from kanal.tenancy.names import VirtualNames
 from kanal.tenancy.rewrite import UNCHANGED, Rewrite, renames_response, to_logical, to_physical
 from kanal.tenancy.scope import PASSED_APIS, RENAMED_APIS
+from kanal.tenancy.topic_ids import VirtualTopicIds, carries_topic_ids, map_topic_ids
 
 __all__ = ["VirtualClusterNames"]
 
@@ -45,10 +46,14 @@ class VirtualClusterNames(Interceptor):
     #: Renamed on the wire bytes (see :meth:`wire_request`).
     wire_api_keys: ClassVar[frozenset[int]] = frozenset({ApiKey.PRODUCE, ApiKey.FETCH})
 
-    def __init__(self, names: VirtualNames, services: GatewayServices, vcluster: str) -> None:
+    def __init__(
+        self, names: VirtualNames, services: GatewayServices, vcluster: str, ids: VirtualTopicIds | None = None
+    ) -> None:
+        """``ids``: the virtual cluster's own topic ids (topic-id support on), else the physical ones."""
         super().__init__(None, services)
         self.names = names
         self.vcluster = vcluster
+        self.ids = ids
         self._produce_fixes: dict[int, ResponseFix] = {}
 
     def wire_request(self, request: WireRequest) -> bool:
@@ -58,8 +63,10 @@ class VirtualClusterNames(Interceptor):
         header = request.header
         version = header.api_version
         if header.api_key == ApiKey.FETCH:
-            return not renames_response(ApiKey.FETCH, version)
+            return self.ids is None and not renames_response(ApiKey.FETCH, version)
         names = request.names
+        if self.ids is not None and names.topic_ids:
+            return False  # ids of its own: mapped on the decoded path
         spans = list(names.topics)
         physical = [self.names.topic(span.value) for span in spans]
         txn = names.transactional_id
@@ -130,8 +137,14 @@ class VirtualClusterNames(Interceptor):
         physical, rewrite = to_physical(api_key, ctx.request, self.names)
         if rewrite.answer is not None:
             return Respond(rewrite.answer)
+        if self.ids is not None:
+            physical = map_topic_ids(physical, self.ids.physical)
         ctx.request = physical
-        if rewrite is not UNCHANGED or renames_response(api_key, ctx.api_version):
+        if (
+            rewrite is not UNCHANGED
+            or renames_response(api_key, ctx.api_version)
+            or (self.ids is not None and carries_topic_ids(response_type(api_key, ctx.api_version)))
+        ):
             ctx.notes["rewrite"] = rewrite
             ctx.want_response()
         return None
@@ -140,4 +153,5 @@ class VirtualClusterNames(Interceptor):
     def kanal_response(self, ctx: ResponseContext) -> None:
         rewrite: Rewrite | None = ctx.notes.get("rewrite")
         if rewrite is not None:
-            ctx.response = to_logical(ctx.api_key, ctx.response, rewrite, self.names)
+            response = to_logical(ctx.api_key, ctx.response, rewrite, self.names)
+            ctx.response = response if self.ids is None else map_topic_ids(response, self.ids.virtual)
