@@ -53,6 +53,7 @@ from kanal.protocol.sasl_mechanisms import Identity
 from kanal.protocol.sasl_server import Authenticator
 from kanal.protocol.topic_names import TopicNames
 from kanal.services import CoreServices, PassthroughAcls, PluginServices, ResolvingTopicNames, TokenIdentities
+from kanal.tenancy.aliases import AliasTopics
 from kanal.tenancy.clusters import KAFKA_API, REST_API, VirtualClusters
 from kanal.tenancy.interceptor import VirtualClusterNames
 from kanal.tenancy.names import VirtualNames
@@ -167,6 +168,7 @@ class Gateway:
             self.services.append(self._follow_acls)
             self._follow_acls = None
         self.virtual_clusters = VirtualClusters(on_change=self._virtual_clusters_changed)
+        self.aliases = AliasTopics(on_change=self._aliases_changed)  # the AliasTopic resources applied
         self.pipeline.builtins = self._builtins
         if settings.acl_enabled:
             self.core_rules.answered_here = ACL_APIS
@@ -179,6 +181,11 @@ class Gateway:
             {c.name: c.super_users for c in clusters if c.acl_mode == KAFKA_API},
             {c.name: [acl_from_json(a) for a in c.acls] for c in clusters if c.acl_mode == REST_API},
         )
+        self.pipeline.builtins_changed()
+
+    def _aliases_changed(self) -> None:
+        """A virtual cluster's names follow its aliases: its chains and its interceptors' names."""
+        self._tenant_topic_names.clear()
         self.pipeline.builtins_changed()
 
     def _acl_store(self) -> Service:
@@ -213,7 +220,7 @@ class Gateway:
         services = self.services_for("core")
         scope = Scope(vcluster=PASSTHROUGH if vcluster is None else vcluster)
         cluster = None if vcluster is None else self.virtual_clusters.get(vcluster)
-        names = None if vcluster is None else VirtualNames(vcluster)
+        names = None if vcluster is None else self._names_of(vcluster)
         ids = self._topic_ids(vcluster)
         items: list[tuple[InterceptorSpec, Interceptor]] = []
         if self.settings.acl_enabled if vcluster is None else cluster is not None and cluster.acl_enabled:
@@ -232,6 +239,10 @@ class Gateway:
             items.append((spec, VirtualClusterNames(names, services, names.prefix, ids)))
         return items
 
+    def _names_of(self, vcluster: str) -> VirtualNames:
+        """A virtual cluster's names: its prefix and its alias topics."""
+        return VirtualNames(vcluster, dict(self.aliases.of(vcluster)))
+
     def _topic_ids(self, vcluster: str | None) -> VirtualTopicIds | None:
         """A virtual cluster's own topic ids, with topic-id support on (else it shows the physical ones)."""
         if vcluster is None or not self.settings.feature(TOPIC_IDS_FLAG):
@@ -246,7 +257,7 @@ class Gateway:
         names = self._tenant_topic_names.get(vcluster)
         if names is None:
             ids = self._topic_ids(vcluster)
-            names = TenantTopicNames(self.core_services.topic_names, VirtualNames(vcluster), ids)
+            names = TenantTopicNames(self.core_services.topic_names, self._names_of(vcluster), ids)
             self._tenant_topic_names[vcluster] = names
         return names
 

@@ -7,9 +7,9 @@ can exercise hooks with real clients and a real broker without packaging anythin
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, TypeVar
 
 import trio
 
@@ -18,6 +18,8 @@ from kanal.config.settings import build_settings
 from kanal.embedded import TansuBroker, free_port_block
 from kanal.gateway import Gateway
 from kanal.pipeline.registry import PluginRegistry
+
+T = TypeVar("T")
 
 
 @contextmanager
@@ -68,14 +70,24 @@ def inprocess_gateway(
     assert ready.wait(30), "gateway did not start"
     if failure:
         raise failure[0]
+    _TOKENS[id(gateway)] = token[0]
     try:
         yield gateway
     finally:
+        _TOKENS.pop(id(gateway), None)
         stop.set()
         thread.join(30)
         assert not thread.is_alive(), "gateway did not stop"
         if failure:
             raise failure[0]
+
+
+_TOKENS: dict[int, trio.lowlevel.TrioToken] = {}
+
+
+def in_gateway(gateway: Gateway, fn: Callable[..., T], *args: Any) -> T:
+    """Runs ``fn(*args)`` in the gateway's trio thread (as the admin API applies resources there)."""
+    return trio.from_thread.run_sync(fn, *args, trio_token=_TOKENS[id(gateway)])
 
 
 def bootstrap_of(gateway: Gateway) -> str:

@@ -25,7 +25,7 @@ from confluent_kafka.admin import (
     ResourcePatternType,
     ResourceType,
 )
-from inprocess import bootstrap_of, inprocess_gateway
+from inprocess import bootstrap_of, in_gateway, inprocess_gateway
 from kafka import KafkaConsumer, KafkaProducer
 from kio.schema.errors import ErrorCode
 
@@ -37,6 +37,7 @@ from kanal.embedded import TansuBroker
 from kanal.gateway import Gateway
 from kanal.identity.accounts import AccountType, ServiceAccount
 from kanal.identity.tokens import mint
+from kanal.tenancy.aliases import AliasTopic
 from kanal.tenancy.clusters import VirtualCluster
 
 SECRET = secrets.token_bytes(32)
@@ -283,3 +284,55 @@ def test_a_tenants_records_interceptor_sees_and_fails_its_logical_topics(
     bad = outcomes[b"bad"]
     assert bad is not None and bad.code() == KafkaError.INVALID_RECORD  # the error found its logical topic
     assert BadValues.seen == {topic}
+
+
+def test_an_alias_topic_reads_and_writes_its_physical_topic_and_shares_its_offsets(
+    gateway: Gateway, tansu: TansuBroker, unique_topic: Callable[..., str]
+) -> None:
+    shared = unique_topic("shared-")  # outside every virtual cluster's prefix
+    ops = AdminClient(_config(gateway, None, "ops"))
+    for future in ops.create_topics([NewTopic(shared, 1)], request_timeout=10).values():
+        future.result()
+    in_gateway(gateway, gateway.aliases.replace, [AliasTopic("orders", "team-a.", shared)])
+    tenant = _config(gateway, "team-a.")
+    producer = Producer(tenant)
+    producer.produce("orders", b"through the alias")
+    assert producer.flush(15) == 0
+    assert _consume(tenant, "orders", "alias-readers", 1) == [b"through the alias"]
+    listed = Producer(tenant).list_topics(timeout=10).topics
+    assert "orders" in listed and shared not in listed
+    assert "orders" not in Producer(_config(gateway, "team-b.")).list_topics(timeout=10).topics
+
+    # The cluster holds the record in the physical topic, and the group's offset on it.
+    direct = Consumer(
+        {"bootstrap.servers": tansu.bootstrap, "group.id": "team-a.alias-readers", "enable.auto.commit": False}
+    )
+    committed = direct.committed([TopicPartition(shared, 0)], timeout=10)
+    direct.assign([TopicPartition(shared, 0, 0)])
+    message = None
+    deadline = time.monotonic() + 30
+    while message is None and time.monotonic() < deadline:
+        polled = direct.poll(0.5)
+        if polled is not None and polled.error() is None:
+            message = polled
+    direct.close()
+    assert message is not None and message.value() == b"through the alias"
+    assert committed[0].offset == 1
+
+    # kafka-python reads on through the alias from the group's shared offset: nothing new yet.
+    producer.produce("orders", b"second")
+    assert producer.flush(15) == 0
+    consumer = KafkaConsumer(
+        "orders",
+        group_id="alias-readers",
+        auto_offset_reset="earliest",
+        consumer_timeout_ms=15000,
+        security_protocol="SASL_PLAINTEXT",
+        sasl_mechanism="PLAIN",
+        sasl_plain_username="app",
+        sasl_plain_password=tenant["sasl.password"],
+        bootstrap_servers=bootstrap_of(gateway),
+    )
+    first = next(iter(consumer))
+    consumer.close()
+    assert (first.topic, first.value) == ("orders", b"second")

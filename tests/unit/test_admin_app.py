@@ -31,7 +31,14 @@ from kanal.pipeline.registry import PluginRegistry
 USERS = "[{username: admin, password: secret, admin: true}, {username: viewer, password: look}]"
 ADMIN = {"Authorization": "Basic " + base64.b64encode(b"admin:secret").decode()}
 VIEWER = {"Authorization": "Basic " + base64.b64encode(b"viewer:look").decode()}
-CORE_KINDS = {"Interceptor", "GatewayServiceAccount", "GatewayScramCredential", "GatewayGroup", "VirtualCluster"}
+CORE_KINDS = {
+    "Interceptor",
+    "GatewayServiceAccount",
+    "GatewayScramCredential",
+    "GatewayGroup",
+    "VirtualCluster",
+    "AliasTopic",
+}
 WRONG = {"Authorization": "Basic " + base64.b64encode(b"admin:nope").decode()}
 
 

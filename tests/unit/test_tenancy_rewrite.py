@@ -495,3 +495,48 @@ def test_responses_without_names_stay_opaque() -> None:
     assert renames_response(ApiKey.PRODUCE, 9) and renames_response(ApiKey.METADATA, 12)
     assert renames_response(ApiKey.FIND_COORDINATOR, 4)  # its keys, by the request's key type
     assert not renames_response(ApiKey.JOIN_GROUP, 9)  # no names in the answer
+
+
+# -- alias topics ----------------------------------------------------------------------------------------
+
+ALIASED = VirtualNames(PREFIX, {"orders": "shared.orders", "old-payments": "team-a.payments"})
+
+
+def _produce(version: int, *topics: str) -> Any:
+    cls = require_request_class(0, version)
+    return build(cls, acks=1, topic_data=_named(cls, "topic_data", *topics, partition_data=()))
+
+
+def _produce_response(version: int, *topics: str) -> Any:
+    cls = response_type(0, version)
+    return build(cls, responses=_named(cls, "responses", *topics, partition_responses=()))
+
+
+@pytest.mark.parametrize("version", [3, 9, 11])
+def test_an_alias_reaches_its_physical_topic_and_its_answer_keeps_the_name_the_client_used(version: int) -> None:
+    forwarded, rewrite = to_physical(0, _produce(version, "orders", "payments", "old-payments"), ALIASED)
+    assert [t.name for t in forwarded.topic_data] == ["shared.orders", "team-a.payments", "team-a.payments"]
+    answered = to_logical(0, _produce_response(version, "shared.orders", "team-a.payments"), rewrite, ALIASED)
+    # (a request naming one topic twice, under its name and an alias, gets the alias: the broker merges them)
+    assert [t.name for t in answered.responses] == ["orders", "old-payments"]
+    _, plain = to_physical(0, _produce(version, "payments"), ALIASED)
+    assert [t.name for t in to_logical(0, _produce_response(version, "team-a.payments"), plain, ALIASED).responses] == [
+        "payments"
+    ]
+
+
+def test_metadata_for_all_topics_lists_the_aliases_beside_the_tenant_s_topics() -> None:
+    request = build(require_request_class(3, 12), topics=None)
+    _, rewrite = to_physical(3, request, ALIASED)
+    cls = response_type(3, 12)
+    response = build(cls, topics=_named(cls, "topics", "team-a.payments", "shared.orders", "team-b.orders"))
+    listed = [t.name for t in to_logical(3, response, rewrite, ALIASED).topics]
+    assert sorted(listed) == ["old-payments", "orders", "payments"]
+
+
+def test_a_physical_topic_an_alias_stands_for_is_named_by_its_own_name_else_the_alias() -> None:
+    assert ALIASED.logical_topic("team-a.payments") == "payments"
+    assert ALIASED.logical_topic("shared.orders") == "orders"  # e.g. a group's committed offsets
+    assert ALIASED.logical_topic("team-b.orders") is None
+    shadowed = VirtualNames(PREFIX, {"orders": "shared.orders"})
+    assert shadowed.topic("orders") == "shared.orders" and shadowed.logical_topic("team-a.orders") is None

@@ -13,6 +13,7 @@ if TYPE_CHECKING:
     from kanal.metrics import GatewayMetrics
     from kanal.pipeline.chain import Pipeline
     from kanal.pipeline.registry import PluginRegistry
+    from kanal.tenancy.aliases import AliasTopics
     from kanal.tenancy.clusters import VirtualClusters
 
 
@@ -26,6 +27,7 @@ class GatewayHost(Protocol):
     services: list[Service]
     stopping: trio.Event
     virtual_clusters: VirtualClusters
+    aliases: AliasTopics
 
     def services_for(self, plugin: str) -> GatewayServices:
         """What plugin ``plugin`` gets of the gateway."""

@@ -28,8 +28,9 @@ def resources_topic(gateway: GatewayHost) -> str:
 
 def collect_kinds(gateway: GatewayHost) -> KindRegistry:
     """The core's kinds (Interceptor, GatewayServiceAccount, GatewayScramCredential, GatewayGroup,
-    VirtualCluster) and every kind
+    VirtualCluster, AliasTopic) and every kind
     the plugins contribute (``kanal_admin_resources``)."""
+    from kanal.admin.alias_topics import alias_topic_kind
     from kanal.admin.credentials import scram_credential_kind
     from kanal.admin.groups import group_kind, groups_of
     from kanal.admin.identity import service_account_kind, service_accounts_of
@@ -42,6 +43,7 @@ def collect_kinds(gateway: GatewayHost) -> KindRegistry:
     kinds.add(scram_credential_kind(gateway))
     kinds.add(group_kind(groups_of(gateway)))
     kinds.add(virtual_cluster_kind(gateway))
+    kinds.add(alias_topic_kind(gateway))
     for plugin_name, contributed in gateway.registry.call_each("kanal_admin_resources", gateway.services_for):
         for kind in contributed or ():
             if not isinstance(kind, ResourceKind):

@@ -67,6 +67,9 @@ class VirtualClusterNames(Interceptor):
         names = request.names
         if self.ids is not None and names.topic_ids:
             return False  # ids of its own: mapped on the decoded path
+        aliases = self.names.aliases
+        if aliases and any(span.value in aliases for span in names.topics):
+            return False  # its response names the topic as the request did: the decoded path remembers
         spans = list(names.topics)
         physical = [self.names.topic(span.value) for span in spans]
         txn = names.transactional_id

@@ -9,14 +9,17 @@ has no logical name: the mapping back answers None, and the caller hides it.
 Two virtual clusters' prefixes must not be prefixes of one another (``team-a.`` and ``team-a.b.``),
 or the shorter one would see the longer one's names.
 
-The three kinds of names share one rule today; they have separate methods so that topics alone can
-later be mapped differently (aliases) without touching the callers.
+Topics may also have aliases (:mod:`kanal.tenancy.aliases`): a logical name that stands for any
+physical topic. :meth:`VirtualNames.topic` follows them; the way back depends on the name the
+request used (:mod:`kanal.tenancy.rewrite` remembers it), else :meth:`VirtualNames.logical_topic`
+gives the topic's own name or its first alias.
 """
 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Final
 
 from kio.schema.errors import ErrorCode
@@ -40,9 +43,12 @@ def _quoted(name: str) -> str:
 
 @dataclass(frozen=True, slots=True)
 class VirtualNames:
-    """The names of one virtual cluster: ``prefix + logical`` on the physical cluster."""
+    """The names of one virtual cluster: ``prefix + logical`` on the physical cluster, or the
+    physical topic an alias stands for."""
 
     prefix: str
+    #: The virtual cluster's alias topics: logical name -> physical name.
+    aliases: Mapping[str, str] = field(default_factory=dict, compare=False)
 
     def __post_init__(self) -> None:
         if not _LEGAL_TOPIC_CHARS.fullmatch(self.prefix):
@@ -59,11 +65,18 @@ class VirtualNames:
     # -- topics --------------------------------------------------------------------------------
 
     def topic(self, logical: str) -> str:
-        return self.prefix + logical
+        aliased = self.aliases.get(logical)
+        return self.prefix + logical if aliased is None else aliased
 
     def logical_topic(self, physical: str) -> str | None:
-        """The logical name, or None when the topic is not this virtual cluster's."""
-        return physical[len(self.prefix) :] if physical.startswith(self.prefix) else None
+        """The logical name of a physical topic: its own (``prefix + name``) unless an alias of that
+        name shadows it, else the first alias that stands for it; None when the topic is none of
+        this virtual cluster's. (A response names the topic as its request did: see
+        :mod:`kanal.tenancy.rewrite`.)"""
+        own = physical[len(self.prefix) :] if physical.startswith(self.prefix) else None
+        if not self.aliases or (own is not None and own not in self.aliases):
+            return own
+        return next((alias for alias, target in self.aliases.items() if target == physical), None)
 
     def invalid_topic(self, logical: str) -> str | None:
         """Why Kafka would refuse to create this logical topic, or None when it may be created.

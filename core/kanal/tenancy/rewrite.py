@@ -19,7 +19,8 @@ Beyond the table of :mod:`kanal.tenancy.apis`, a few APIs need the request to an
 
 from __future__ import annotations
 
-from dataclasses import dataclass, is_dataclass, replace
+from collections.abc import Mapping
+from dataclasses import dataclass, field, is_dataclass, replace
 from functools import cache
 from typing import Any, Final, get_args, get_origin
 
@@ -40,6 +41,7 @@ __all__ = ["UNCHANGED", "Rewrite", "renames_response", "to_logical", "to_physica
 _CREATE_TOPICS: Final = create_topics.CREATE_TOPICS
 _FIND_COORDINATOR: Final = api_key("find_coordinator")
 _DESCRIBE_TOPIC_PARTITIONS: Final = api_key("describe_topic_partitions")
+_METADATA: Final = api_key("metadata")
 _COORDINATOR_KINDS: Final = {0: Kind.GROUP, 1: Kind.TRANSACTIONAL_ID}
 _INVALID_REGEX: Final = ErrorCode.invalid_regular_expression
 
@@ -56,6 +58,10 @@ class Rewrite:
     coordinator_kind: Kind | None = None
     #: The whole response, when the gateway answers the request itself: forward nothing.
     answer: Any = None
+    #: The aliases the request named: physical name -> alias (the response names them so).
+    aliased: Mapping[str, str] = field(default_factory=dict)
+    #: Metadata for all topics: the virtual cluster's aliases are listed beside its own topics.
+    lists_aliases: bool = False
 
 
 #: The Rewrite of most requests: the response needs nothing from them.
@@ -92,11 +98,16 @@ def to_physical(api_key: int, request: Any, names: VirtualNames) -> tuple[Any, R
         rewrite = UNCHANGED if kind is None else _COORDINATOR_REWRITES[kind]
     elif api_key == _DESCRIBE_TOPIC_PARTITIONS:
         request = _from_the_prefix(request)
+    namer = ToPhysical(names)
     try:
-        physical = walk(request, where.request, ToPhysical(names))
+        physical = walk(request, where.request, namer)
     except InvalidRegex as e:
         refusal = error_response(api_key, int(request.__version__), request, _INVALID_REGEX, str(e))
         return request, Rewrite(answer=refusal)
+    if namer.aliased:
+        rewrite = replace(rewrite, aliased=namer.aliased)
+    if names.aliases and api_key == _METADATA and request.topics is None:
+        rewrite = replace(rewrite, lists_aliases=True)
     return physical, rewrite
 
 
@@ -109,8 +120,10 @@ def to_logical(api_key: int, response: Any, rewrite: Rewrite, names: VirtualName
         if api_key in PASSED_APIS:
             return response
         raise _not_renamed(api_key)
-    namer = ToLogical(names)
+    namer = ToLogical(names, rewrite.aliased)
     logical = walk(response, where.response, namer)
+    if rewrite.lists_aliases:
+        logical = _with_aliases(response, logical, names)
     if logical is DROP:  # no response spec names anything at its top level
         raise ValueError(f"{api_name(api_key)} response has a top-level name that is not the tenant's")
     if api_key == _FIND_COORDINATOR and rewrite.coordinator_kind is not None:
@@ -118,6 +131,19 @@ def to_logical(api_key: int, response: Any, rewrite: Rewrite, names: VirtualName
     elif rewrite.local:
         logical = replace(logical, topics=create_topics.merged(logical.topics, rewrite.local, rewrite.order))
     return logical
+
+
+def _with_aliases(physical: Any, logical: Any, names: VirtualNames) -> Any:
+    """A Metadata response for all topics with the virtual cluster's aliases listed: each alias is
+    a copy of its physical topic's entry under the alias (when the cluster listed that topic)."""
+    by_name = {t.name: t for t in physical.topics}
+    listed = {t.name for t in logical.topics}
+    extra = [
+        replace(by_name[target], name=alias)
+        for alias, target in names.aliases.items()
+        if target in by_name and alias not in listed
+    ]
+    return replace(logical, topics=(*logical.topics, *extra)) if extra else logical
 
 
 def _from_the_prefix(request: Any) -> Any:
@@ -147,12 +173,12 @@ def renames_response(api_key: int, version: int) -> bool:
 
 
 def _names_in(cls: type, spec: Spec) -> bool:
-    for field, rule in spec.items():
-        if not has_field(cls, field):
+    for name, rule in spec.items():
+        if not has_field(cls, name):
             continue
         if not isinstance(rule, Each | One):
             return True
-        entity = _entity(hints(cls)[field])
+        entity = _entity(hints(cls)[name])
         if entity is None or _names_in(entity, rule.fields):
             return True
     return False

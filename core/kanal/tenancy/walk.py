@@ -100,14 +100,19 @@ class ToPhysical:
     ``regex`` raises :class:`kanal.tenancy.regex.InvalidRegex` for a regex that does not parse.
     """
 
-    __slots__ = ("names",)
+    __slots__ = ("aliased", "names")
 
     def __init__(self, names: VirtualNames) -> None:
         self.names = names
+        #: The aliases the request named: physical -> the alias (its response names them so).
+        self.aliased: dict[str, str] = {}
 
     def name(self, kind: Kind, value: str) -> str | None:
         if kind is Kind.TOPIC:
-            return self.names.topic(value)
+            physical = self.names.topic(value)
+            if value in self.names.aliases:
+                self.aliased[physical] = value
+            return physical
         if kind is Kind.GROUP:
             return self.names.group(value)
         return self.names.transactional_id(value)
@@ -119,14 +124,16 @@ class ToPhysical:
 class ToLogical:
     """Physical to logical: names of others have none."""
 
-    __slots__ = ("names",)
+    __slots__ = ("aliased", "names")
 
-    def __init__(self, names: VirtualNames) -> None:
+    def __init__(self, names: VirtualNames, aliased: Mapping[str, str] | None = None) -> None:
         self.names = names
+        self.aliased = aliased or {}
 
     def name(self, kind: Kind, value: str) -> str | None:
         if kind is Kind.TOPIC:
-            return self.names.logical_topic(value)
+            alias = self.aliased.get(value)
+            return alias if alias is not None else self.names.logical_topic(value)
         if kind is Kind.GROUP:
             return self.names.logical_group(value)
         return self.names.logical_transactional_id(value)
