@@ -229,8 +229,8 @@ class Gateway:
                 self._follow_acls = None
             spec = InterceptorSpec("kanal-acls", AclEnforcer.plugin_name, _OUTERMOST, scope)
             logical = None if names is None else names.logical_topic
-            physical_id = None if ids is None else ids.physical
-            items.append((spec, AclEnforcer(self.acls, services, vcluster, logical, physical_id)))
+            resolve_id = None if ids is None else ids.resolve
+            items.append((spec, AclEnforcer(self.acls, services, vcluster, logical, resolve_id)))
         if not self.settings.feature(TOPIC_IDS_FLAG):
             spec = InterceptorSpec("kanal-topic-ids-off", TopicIdsOff.plugin_name, _OUTERMOST, scope)
             items.append((spec, TopicIdsOff(None, services)))
@@ -247,7 +247,7 @@ class Gateway:
         """A virtual cluster's own topic ids, with topic-id support on (else it shows the physical ones)."""
         if vcluster is None or not self.settings.feature(TOPIC_IDS_FLAG):
             return None
-        return VirtualTopicIds(vcluster)
+        return VirtualTopicIds(vcluster, self.aliases.of(vcluster), self.topic_names.name)
 
     def topic_names_for(self, vcluster: str | None) -> TopicNamesView:
         """Topic names as the interceptors of a virtual cluster's connections see them (None: the

@@ -15,7 +15,7 @@ from typing import Any, ClassVar
 import pytest
 from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
-from inprocess import bootstrap_of, inprocess_gateway
+from inprocess import bootstrap_of, in_gateway, inprocess_gateway
 from wire import WireClient, metadata_request
 
 from kanal.api.context import RecordsContext
@@ -27,6 +27,7 @@ from kanal.identity.accounts import AccountType, ServiceAccount
 from kanal.identity.tokens import mint
 from kanal.protocol.api import ApiKey, require_request_class
 from kanal.protocol.entities import build, nested
+from kanal.tenancy.aliases import AliasTopic
 from kanal.tenancy.clusters import VirtualCluster
 
 SECRET = secrets.token_bytes(32)
@@ -150,3 +151,25 @@ def test_each_virtual_cluster_has_its_own_ids_for_its_topics(
             (answer,) = client.call(_by_id(foreign), 5).topics
             assert answer.error_code in (UNKNOWN_TOPIC_ID, UNKNOWN_TOPIC_OR_PARTITION) and answer.name in (None, "")
         client.close()
+
+
+def test_an_alias_topic_answers_with_an_id_of_its_own_and_is_fetched_by_it(
+    gateway: Gateway, unique_topic: Callable[..., str]
+) -> None:
+    source = unique_topic()
+    admin = AdminClient(_config(gateway, TENANTS[1]))  # the second tenant's topic...
+    for future in admin.create_topics([NewTopic(source, 1)], request_timeout=10).values():
+        future.result()
+    tenant = TENANTS[0]  # ... is "orders" in the first (ACLs on)
+    in_gateway(gateway, gateway.aliases.replace, [AliasTopic("orders", tenant, TENANTS[1] + source)])
+    client = _login(gateway, tenant)
+    (alias,) = client.call(metadata_request(["orders"]), 3).topics
+    assert alias.error_code == 0 and alias.name == "orders"
+    (by_id,) = client.call(_by_id(alias.topic_id), 4).topics
+    assert (by_id.error_code, by_id.name, by_id.topic_id) == (0, "orders", alias.topic_id)
+    client.close()
+    owner = _login(gateway, TENANTS[1])
+    (own,) = owner.call(metadata_request([source]), 3).topics
+    owner.close()
+    assert alias.topic_id not in (own.topic_id, uuid.UUID(int=0))  # not the owner's id for the topic
+    assert _produce_and_consume(gateway, tenant, "orders") == [tenant.encode()]  # fetched by the alias id

@@ -67,3 +67,20 @@ def test_interceptors_of_a_virtual_cluster_see_its_names_and_ids() -> None:
     assert trio.run(names.resolve, foreign) == str(foreign)
     without_ids = TenantTopicNames(base, VirtualNames("team-a."), None)
     assert without_ids.name(physical) == "orders" and without_ids.id("orders") == physical
+
+
+def test_an_alias_topic_has_an_id_of_its_own_that_leads_to_its_physical_topic() -> None:
+    shared, own = uuid.UUID(int=11), uuid.UUID(int=12)
+    base = FakeTopicNames({shared: "shared.orders", own: "team-a.payments"})
+    aliases = {"orders": "shared.orders", "old-payments": "team-a.payments"}
+    mapping = VirtualTopicIds("team-a.", aliases, base.name)
+    names = TenantTopicNames(base, VirtualNames("team-a.", aliases), mapping)
+    orders, old = mapping.virtual(shared, "orders"), mapping.virtual(own, "old-payments")
+    assert len({orders, old, mapping.virtual(shared), mapping.virtual(own), shared, own}) == 6
+    assert mapping.resolve(orders) == (shared, "orders") and mapping.resolve(old) == (own, "old-payments")
+    assert mapping.resolve(mapping.virtual(own)) == (own, None)  # the topic's own id stays its own
+    assert names.name(orders) == "orders" and names.id("orders") == orders
+    assert names.name(old) == "old-payments" and names.name(mapping.virtual(own)) == "payments"
+    assert trio.run(names.resolve, orders) == "orders"
+    forgetful = VirtualTopicIds("team-a.", aliases)  # the cache has not seen the physical topic yet
+    assert forgetful.resolve(orders)[1] is None  # not taken for the alias: the cluster says unknown

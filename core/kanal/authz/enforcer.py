@@ -70,17 +70,18 @@ class AclEnforcer(Interceptor):
         services: GatewayServices,
         vcluster: str | None = None,
         logical_topic: Callable[[str], str | None] | None = None,
-        physical_id: Callable[[uuid.UUID], uuid.UUID] | None = None,
+        resolve_id: Callable[[uuid.UUID], tuple[uuid.UUID, str | None]] | None = None,
     ) -> None:
         """``logical_topic`` names a physical topic in the virtual cluster (None: another's): a topic
-        a request names by id is checked under the name the tenant's ACLs use. ``physical_id``: the
-        physical id of one of the virtual cluster's own topic ids (topic-id support on)."""
+        a request names by id is checked under the name the tenant's ACLs use. ``resolve_id``: the
+        physical id of one of the virtual cluster's own topic ids, and the alias it is the id of
+        (topic-id support on)."""
         super().__init__(None, services)
         self.directory = directory
         self.vcluster = vcluster
         self._topic_names = services.topic_names
         self._logical_topic = logical_topic
-        self._physical_id = physical_id
+        self._resolve_id = resolve_id
 
     def _decide(self, connection: Connection) -> Check:
         """The decisions for this connection's principal and host, against the cluster's ACLs now."""
@@ -119,9 +120,11 @@ class AclEnforcer(Interceptor):
             if not allows(principal, host, operation, topic, span.value):
                 return False
         for topic_id in names.topic_ids:
-            name = self._topic_names.name(self._physical(topic_id))
-            if name is not None and self._logical_topic is not None:
-                name = self._logical_topic(name)
+            physical, name = self._physical(topic_id)
+            if name is None:
+                name = self._topic_names.name(physical)
+                if name is not None and self._logical_topic is not None:
+                    name = self._logical_topic(name)
             if name is None or not allows(principal, host, operation, topic, name):
                 return False
         return True
@@ -168,7 +171,10 @@ class AclEnforcer(Interceptor):
             for entry in getattr(request, field_name, None) or ():
                 topic_id = getattr(entry, "topic_id", None)
                 if topic_id is not None and not _named(entry) and topic_id not in names:
-                    physical = self._physical(topic_id)
+                    physical, alias = self._physical(topic_id)
+                    if alias is not None:
+                        names[topic_id] = alias
+                        continue
                     name = self._topic_names.name(physical) or await self._topic_names.resolve(physical)
                     if name == str(physical):  # (what resolve answers for an id nobody could name)
                         name = UNKNOWN_TOPIC
@@ -177,8 +183,9 @@ class AclEnforcer(Interceptor):
                     names[topic_id] = name
         return names
 
-    def _physical(self, topic_id: uuid.UUID) -> uuid.UUID:
-        return topic_id if self._physical_id is None else self._physical_id(topic_id)
+    def _physical(self, topic_id: uuid.UUID) -> tuple[uuid.UUID, str | None]:
+        """The physical id of a request's topic id, and the alias it is the id of."""
+        return (topic_id, None) if self._resolve_id is None else self._resolve_id(topic_id)
 
     def _audit(self, ctx: RequestContext, denied: list[Denial]) -> None:
         for denial in dict.fromkeys(denied):

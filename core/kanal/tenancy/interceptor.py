@@ -9,6 +9,9 @@ brokers, which every tenant shares.
 
 from __future__ import annotations
 
+import uuid
+from collections.abc import Callable
+from dataclasses import replace
 from typing import Any, ClassVar
 
 from kio.schema.errors import ErrorCode
@@ -141,7 +144,7 @@ class VirtualClusterNames(Interceptor):
         if rewrite.answer is not None:
             return Respond(rewrite.answer)
         if self.ids is not None:
-            physical = map_topic_ids(physical, self.ids.physical)
+            physical = map_topic_ids(physical, self._physical_ids(ctx.notes))
         ctx.request = physical
         if (
             rewrite is not UNCHANGED
@@ -155,6 +158,44 @@ class VirtualClusterNames(Interceptor):
     @hookimpl
     def kanal_response(self, ctx: ResponseContext) -> None:
         rewrite: Rewrite | None = ctx.notes.get("rewrite")
-        if rewrite is not None:
-            response = to_logical(ctx.api_key, ctx.response, rewrite, self.names)
-            ctx.response = response if self.ids is None else map_topic_ids(response, self.ids.virtual)
+        if rewrite is None:
+            return
+        response = to_logical(ctx.api_key, ctx.response, rewrite, self.names)
+        ids = self.ids
+        if ids is not None:
+            aliased: dict[uuid.UUID, uuid.UUID] = ctx.notes.get("aliased ids", {})
+            response = map_topic_ids(response, lambda physical: aliased.get(physical) or ids.virtual(physical))
+            if self.names.aliases:
+                response = self._alias_ids(response)
+        ctx.response = response
+
+    def _physical_ids(self, notes: Any) -> Callable[[uuid.UUID], uuid.UUID]:
+        """Maps a request's ids to physical ones, noting the alias ids it used (their answers keep them)."""
+        ids = self.ids
+        assert ids is not None
+
+        def physical(virtual: uuid.UUID) -> uuid.UUID:
+            physical_id, alias = ids.resolve(virtual)
+            if alias is not None:
+                notes.setdefault("aliased ids", {})[physical_id] = virtual
+            return physical_id
+
+        return physical
+
+    def _alias_ids(self, response: Any) -> Any:
+        """Topic entries named by an alias (Metadata, CreateTopics, DescribeTopicPartitions) show the
+        alias's id, not the one of the topic it stands for."""
+        topics = getattr(response, "topics", None)
+        ids = self.ids
+        if not topics or ids is None:
+            return response
+        changed = False
+        entries = []
+        for entry in topics:
+            name, topic_id = getattr(entry, "name", None), getattr(entry, "topic_id", None)
+            if name in self.names.aliases and topic_id is not None and topic_id.int:
+                alias_id = ids.virtual(ids.physical(topic_id), name)
+                if alias_id != topic_id:
+                    entry, changed = replace(entry, topic_id=alias_id), True
+            entries.append(entry)
+        return replace(response, topics=tuple(entries)) if changed else response

@@ -4,8 +4,9 @@ With topic-id support on (``GATEWAY_FEATURE_FLAGS_TOPIC_IDS``), a virtual cluste
 with ids of their own, never the physical topic's: a tenant cannot learn, and so cannot name, an id
 of the physical cluster. The virtual id is the physical one XORed with a key drawn from the virtual
 cluster's prefix. XOR is its own inverse, so no table maps ids back, every gateway node computes
-the same ids, and two virtual clusters sharing a physical topic (an alias) see different ids. The
-zero id, Kafka's "no id", stays zero both ways.
+the same ids, and two virtual clusters sharing a physical topic (an alias) see different ids. An
+alias topic has an id of its own too, its physical topic's XORed with a key of the alias. The zero
+id, Kafka's "no id", stays zero both ways.
 
 Ids sit in fields named ``topic_id`` in every API that carries them (Metadata, Produce and Fetch
 v13+, CreateTopics, DeleteTopics, OffsetCommit/OffsetFetch v10, DescribeTopicPartitions, the
@@ -16,7 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import fields, is_dataclass, replace
 from functools import cache
 from typing import Any, Final, get_args, get_origin
@@ -31,20 +32,53 @@ _ZERO: Final = uuid.UUID(int=0)
 _FIELD: Final = "topic_id"
 
 
+def _key(label: str) -> int:
+    digest = hashlib.sha256(b"kanal virtual topic id\x00" + label.encode()).digest()
+    return int.from_bytes(digest[:16], "big")
+
+
 class VirtualTopicIds:
-    """The ids of one virtual cluster's topics: ``physical XOR key(prefix)``, and back."""
+    """The ids of one virtual cluster's topics: ``physical XOR key(prefix)``, and back; an alias
+    topic's: ``physical XOR key(prefix, alias)``.
 
-    __slots__ = ("_key",)
+    An alias id is told from a topic's own by the physical topic it would stand for: ``known`` (the
+    gateway's id-to-name cache) must name the alias's physical topic. The cache learns that id from
+    the Metadata answer that gave the client the alias id; a client that kept an alias id across a
+    gateway restart may first be told the topic is unknown, and refreshes its metadata.
+    """
 
-    def __init__(self, prefix: str) -> None:
-        digest = hashlib.sha256(b"kanal virtual topic id\x00" + prefix.encode()).digest()
-        self._key = int.from_bytes(digest[:16], "big")
+    __slots__ = ("_aliases", "_key", "_known")
 
-    def virtual(self, physical: uuid.UUID) -> uuid.UUID:
-        return physical if physical.int == 0 else uuid.UUID(int=physical.int ^ self._key)
+    def __init__(
+        self,
+        prefix: str,
+        aliases: Mapping[str, str] | None = None,
+        known: Callable[[uuid.UUID], str | None] = lambda topic_id: None,
+    ) -> None:
+        self._key = _key(prefix)
+        self._aliases = {alias: (_key(f"{prefix}\x00{alias}"), target) for alias, target in (aliases or {}).items()}
+        self._known = known
+
+    def virtual(self, physical: uuid.UUID, alias: str | None = None) -> uuid.UUID:
+        """The id the virtual cluster shows for a physical topic, under ``alias`` if it is one."""
+        if physical.int == 0:
+            return physical
+        entry = self._aliases.get(alias) if alias is not None else None
+        return uuid.UUID(int=physical.int ^ (self._key if entry is None else entry[0]))
+
+    def resolve(self, virtual: uuid.UUID) -> tuple[uuid.UUID, str | None]:
+        """The physical id of one of the virtual cluster's ids, and the alias it is the id of
+        (None: the topic's own id)."""
+        if virtual.int == 0:
+            return virtual, None
+        for alias, (key, target) in self._aliases.items():
+            candidate = uuid.UUID(int=virtual.int ^ key)
+            if self._known(candidate) == target:
+                return candidate, alias
+        return uuid.UUID(int=virtual.int ^ self._key), None
 
     def physical(self, virtual: uuid.UUID) -> uuid.UUID:
-        return virtual if virtual.int == 0 else uuid.UUID(int=virtual.int ^ self._key)
+        return self.resolve(virtual)[0]
 
 
 # -- where ids are, per message class --------------------------------------------------------------
@@ -123,20 +157,26 @@ class TenantTopicNames:
         self._names = names
         self._ids = ids
 
-    def _physical(self, topic_id: uuid.UUID) -> uuid.UUID:
-        return topic_id if self._ids is None else self._ids.physical(topic_id)
+    def _physical(self, topic_id: uuid.UUID) -> tuple[uuid.UUID, str | None]:
+        return (topic_id, None) if self._ids is None else self._ids.resolve(topic_id)
 
     def name(self, topic_id: uuid.UUID) -> str | None:
-        physical = self._base.name(self._physical(topic_id))
+        physical_id, alias = self._physical(topic_id)
+        if alias is not None:
+            return alias
+        physical = self._base.name(physical_id)
         return None if physical is None else self._names.logical_topic(physical)
 
     def id(self, name: str) -> uuid.UUID | None:
         physical = self._base.id(self._names.topic(name))
         if physical is None or self._ids is None:
             return physical
-        return self._ids.virtual(physical)
+        return self._ids.virtual(physical, name if name in self._names.aliases else None)
 
     async def resolve(self, topic_id: uuid.UUID) -> str:
-        physical = await self._base.resolve(self._physical(topic_id))
+        physical_id, alias = self._physical(topic_id)
+        if alias is not None:
+            return alias
+        physical = await self._base.resolve(physical_id)
         logical = self._names.logical_topic(physical)
         return logical if logical is not None else str(topic_id)
