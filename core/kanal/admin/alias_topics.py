@@ -23,6 +23,7 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from kanal.admin.virtual_clusters import refuse_without_authentication
 from kanal.api.resources import Manifest, ResourceError, ResourceKind, StateView, check_envelope, envelope, invalid
 from kanal.tenancy.aliases import AliasTopic, alias_of_alias
 from kanal.tenancy.names import MAX_TOPIC_LENGTH, VirtualNames
@@ -118,14 +119,7 @@ def alias_topic_kind(gateway: GatewayHost) -> ResourceKind:
     """The AliasTopic kind; applying it replaces the gateway's aliases."""
 
     def validate(manifest: Any, state: StateView) -> Manifest:
-        settings = gateway.settings
-        if settings.security_mode == "kafka_managed" or settings.security_protocol.upper() == "PLAINTEXT":
-            raise ResourceError(
-                409,
-                "Conflict",
-                "alias topics need clients the gateway authenticates (aliases live in virtual clusters):"
-                " a SASL or SSL listener (GATEWAY_SECURITY_PROTOCOL) with GATEWAY_SECURITY_MODE=GATEWAY_MANAGED",
-            )
+        refuse_without_authentication(gateway, "alias topics")
         canonical = _canonical(manifest, kind)
         key = kind.key_of(canonical["metadata"])
         others = [_alias(m) for m in state.resources(KIND) if kind.key_of(m["metadata"]) != key]

@@ -35,7 +35,7 @@ from kanal.tenancy.names import VirtualNames
 if TYPE_CHECKING:
     from kanal.admin.host import GatewayHost
 
-__all__ = ["KIND", "virtual_cluster_kind"]
+__all__ = ["KIND", "refuse_without_authentication", "virtual_cluster_kind"]
 
 KIND = "VirtualCluster"
 _READ_ONLY = ("bootstrapServers", "clientProperties")
@@ -122,18 +122,24 @@ def _canonical(manifest: Any, kind: ResourceKind, gateway: GatewayHost) -> Manif
     return envelope(kind, {"name": name}, out)
 
 
+def refuse_without_authentication(gateway: GatewayHost, what: str) -> None:
+    """A 409 unless the gateway authenticates its clients itself: only then is a client in a
+    virtual cluster (its service account's)."""
+    settings = gateway.settings
+    if settings.security_mode == "kafka_managed" or settings.security_protocol.upper() == "PLAINTEXT":
+        raise ResourceError(
+            409,
+            "Conflict",
+            f"{what} need clients the gateway authenticates: a SASL or SSL listener"
+            " (GATEWAY_SECURITY_PROTOCOL) with GATEWAY_SECURITY_MODE=GATEWAY_MANAGED",
+        )
+
+
 def virtual_cluster_kind(gateway: GatewayHost) -> ResourceKind:
     """The VirtualCluster kind; applying it replaces the gateway's virtual clusters."""
 
     def validate(manifest: Any, state: StateView) -> Manifest:
-        settings = gateway.settings
-        if settings.security_mode == "kafka_managed" or settings.security_protocol.upper() == "PLAINTEXT":
-            raise ResourceError(
-                409,
-                "Conflict",
-                "virtual clusters need clients the gateway authenticates: a SASL or SSL listener"
-                " (GATEWAY_SECURITY_PROTOCOL) with GATEWAY_SECURITY_MODE=GATEWAY_MANAGED",
-            )
+        refuse_without_authentication(gateway, "virtual clusters")
         canonical = _canonical(manifest, kind, gateway)
         name = canonical["metadata"]["name"]
         for other in state.resources(KIND):

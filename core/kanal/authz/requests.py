@@ -222,7 +222,7 @@ _CLUSTER_OPERATIONS: dict[int, Operation] = {
 }
 
 # Config resource types (DescribeConfigs, AlterConfigs) -> ACL resource type and error.
-_CONFIG_RESOURCES = {2: (Res.TOPIC, TOPIC_DENIED), 3: (Res.GROUP, GROUP_DENIED), 32: (Res.GROUP, GROUP_DENIED)}
+_CONFIG_RESOURCES = {2: (Res.TOPIC, TOPIC_DENIED), 32: (Res.GROUP, GROUP_DENIED)}
 _COORDINATOR_KEYS = {0: (Res.GROUP, GROUP_DENIED), 1: (Res.TRANSACTIONAL_ID, TXN_DENIED)}
 
 

@@ -188,6 +188,16 @@ def _uuid(frame: Frame, pos: int) -> uuid.UUID:
     return uuid.UUID(bytes=bytes(frame[pos : pos + 16]))  # a short slice raises ValueError
 
 
+def _topic(frame: Frame, pos: int, by_id: bool, flexible: bool, names: list[NameSpan], ids: list[uuid.UUID]) -> int:
+    """Reads a Fetch request's topic (its id, or its name) into ``ids`` or ``names``; the position after it."""
+    if by_id:
+        ids.append(_uuid(frame, pos))
+        return pos + 16
+    span = _name(frame, pos, flexible)
+    names.append(span)
+    return span.end
+
+
 def _at_end(frame: Frame, pos: int, what: str) -> None:
     if pos != len(frame):
         raise InvalidHeader(f"{what} ends at {pos}, the frame at {len(frame)}")
@@ -264,13 +274,7 @@ def _fetch_request(frame: Frame, version: int, flexible: bool, pos: int) -> Requ
     ids: list[uuid.UUID] = []
     count, pos = _count(frame, pos, flexible)
     for _ in range(count):
-        if version >= 13:
-            ids.append(_uuid(frame, pos))
-            pos += 16
-        else:
-            span = _name(frame, pos, flexible)
-            topics.append(span)
-            pos = span.end
+        pos = _topic(frame, pos, version >= 13, flexible, topics, ids)
         partitions, pos = _count(frame, pos, flexible)
         if flexible:
             for _ in range(partitions):
@@ -288,13 +292,7 @@ def _fetch_request(frame: Frame, version: int, flexible: bool, pos: int) -> Requ
     if version >= 7:  # forgotten_topics_data
         count, pos = _count(frame, pos, flexible)
         for _ in range(count):
-            if version >= 13:
-                ids.append(_uuid(frame, pos))
-                pos += 16
-            else:
-                span = _name(frame, pos, flexible)
-                topics.append(span)
-                pos = span.end
+            pos = _topic(frame, pos, version >= 13, flexible, topics, ids)
             partitions, pos = _count(frame, pos, flexible)
             pos += 4 * partitions
             if flexible:
