@@ -55,7 +55,7 @@ from kanal.protocol.topic_names import TopicNames
 from kanal.services import CoreServices, PassthroughAcls, PluginServices, ResolvingTopicNames, TokenIdentities
 from kanal.tenancy.aliases import AliasTopics
 from kanal.tenancy.clusters import KAFKA_API, REST_API, VirtualClusters
-from kanal.tenancy.interceptor import VirtualClusterNames
+from kanal.tenancy.interceptor import PassthroughAliases, VirtualClusterNames
 from kanal.tenancy.names import VirtualNames
 from kanal.tenancy.topic_ids import TenantTopicNames, VirtualTopicIds
 
@@ -237,6 +237,9 @@ class Gateway:
         if names is not None:
             spec = InterceptorSpec("kanal-virtual-cluster", VirtualClusterNames.plugin_name, _INNERMOST, scope)
             items.append((spec, VirtualClusterNames(names, services, names.prefix, ids)))
+        elif self.aliases.of(None):
+            spec = InterceptorSpec("kanal-aliases", PassthroughAliases.plugin_name, _INNERMOST, scope)
+            items.append((spec, PassthroughAliases(dict(self.aliases.of(None)), services)))
         return items
 
     def _names_of(self, vcluster: str) -> VirtualNames:

@@ -27,6 +27,7 @@ from confluent_kafka.admin import (
 )
 from inprocess import bootstrap_of, in_gateway, inprocess_gateway
 from kafka import KafkaConsumer, KafkaProducer
+from kafka import TopicPartition as KafkaTopicPartition
 from kio.schema.errors import ErrorCode
 
 from kanal.api.context import RecordsContext
@@ -336,3 +337,37 @@ def test_an_alias_topic_reads_and_writes_its_physical_topic_and_shares_its_offse
     first = next(iter(consumer))
     consumer.close()
     assert (first.topic, first.value) == ("orders", b"second")
+
+
+def test_an_alias_of_the_passthrough_cluster_renames_only_itself(
+    tansu: TansuBroker, unique_topic: Callable[..., str]
+) -> None:
+    """On a plain listener: the alias reaches its topic, the topic keeps its own name, and a
+    consumer of the alias keeps reading it fetch after fetch (its fetches stay out of sessions)."""
+    topic = unique_topic("orders-")
+    alias = topic.replace("orders-", "renamed-")
+    with inprocess_gateway(tansu) as gw:
+        config = {"bootstrap.servers": bootstrap_of(gw)}
+        admin = AdminClient(config)
+        for future in admin.create_topics([NewTopic(topic, 1)], request_timeout=10).values():
+            future.result()
+        in_gateway(gw, gw.aliases.replace, [AliasTopic(alias, None, topic)])
+        listed = Producer(config).list_topics(timeout=10).topics
+        assert {topic, alias} <= set(listed)
+        producer = Producer(config)
+        producer.produce(alias, b"one")
+        producer.produce(topic, b"two")
+        assert producer.flush(15) == 0
+        consumer = KafkaConsumer(consumer_timeout_ms=15000, bootstrap_servers=bootstrap_of(gw))
+        consumer.assign([KafkaTopicPartition(alias, 0)])
+        consumer.seek_to_beginning()
+        seen = []
+        for message in consumer:
+            seen.append((message.topic, message.value))
+            if len(seen) == 1:
+                producer.produce(topic, b"three")  # arrives in a later fetch
+                producer.flush(15)
+            if len(seen) == 3:
+                break
+        consumer.close()
+    assert seen == [(alias, b"one"), (alias, b"two"), (alias, b"three")]

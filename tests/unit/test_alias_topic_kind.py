@@ -52,7 +52,7 @@ async def put(client: Client, manifest: Any) -> tuple[int, Any]:
     return response.status_code, await response.get_json()
 
 
-def aliases_of(api: AdminApi, vcluster: str) -> dict[str, str]:
+def aliases_of(api: AdminApi, vcluster: str | None) -> dict[str, str]:
     gateway = api.gateway
     assert isinstance(gateway, Gateway)
     return dict(gateway.aliases.of(vcluster))
@@ -107,7 +107,6 @@ def test_the_kind_is_described() -> None:
     [
         (alias("orders", metadata__namespace="x"), "'namespace'"),
         (alias("orders", spec__partitions=3), "'partitions'"),
-        (alias("orders", vcluster=None), "metadata.vCluster"),
         (alias("orders", vcluster="bad prefix"), "metadata.vCluster"),
         (alias("orders", physical=None), "spec.physicalName"),
         (alias("orders", physical="no spaces"), "spec.physicalName"),
@@ -129,12 +128,15 @@ def test_a_bad_field_is_a_400_naming_it(manifest: Any, field: str) -> None:
     run_admin(body)
 
 
-def test_a_missing_vcluster_says_aliases_live_in_virtual_clusters() -> None:
+def test_an_alias_without_a_virtual_cluster_is_the_passthrough_cluster_s_even_on_plaintext() -> None:
     async def body(api: AdminApi, client: Client) -> None:
-        status, answer = await put(client, alias("orders", vcluster=None))
-        assert status == 400 and "aliases live in virtual clusters" in answer["msg"]
+        status, answer = await put(client, alias("orders-v2", "orders", vcluster=None))
+        assert status == 200, answer
+        assert aliases_of(api, None) == {"orders-v2": "orders"} and aliases_of(api, "team-a.") == {}
+        status, answer = await put(client, alias("v3", "orders-v2", vcluster=None))  # where orders-v2 would be
+        assert status == 409 and "no alias of an alias" in answer["msg"] and "passthrough" in answer["msg"], answer
 
-    run_admin(body)
+    run_admin(body, env={})
 
 
 def test_a_name_too_long_with_the_prefix_is_refused_naming_kafkas_limit() -> None:
@@ -152,8 +154,13 @@ def test_a_name_too_long_with_the_prefix_is_refused_naming_kafkas_limit() -> Non
 def test_a_gateway_that_does_not_authenticate_its_clients_refuses_aliases(env: dict[str, str]) -> None:
     async def body(api: AdminApi, client: Client) -> None:
         status, answer = await put(client, alias("orders"))
-        assert status == 409 and "alias topics need clients the gateway authenticates" in answer["msg"], answer
+        assert status == 409 and "need clients the gateway authenticates" in answer["msg"], answer
         assert aliases_of(api, "team-a.") == {}
+        status, answer = await put(client, alias("orders", vcluster=None))
+        if env == KAFKA_MANAGED:  # the cluster's own ACLs would see names the gateway changed
+            assert status == 409 and "KAFKA_MANAGED" in answer["msg"], answer
+        else:
+            assert status == 200, answer
 
     run_admin(body, env=env)
 

@@ -7,9 +7,11 @@ from __future__ import annotations
 import datetime
 import uuid
 from collections.abc import Mapping
+from functools import partial
 from typing import Any
 
 import pytest
+import trio
 from kio.schema.errors import ErrorCode
 
 import kanal.pipeline.wire as wire_module
@@ -28,10 +30,10 @@ from kanal.protocol.entities import build, nested
 from kanal.protocol.headers import parse_request_header, response_correlation_id
 from kanal.protocol.messages import decode_request_body, decode_response, encode_request, encode_response
 from kanal.protocol.records import Record, encode_batch
-from kanal.tenancy.interceptor import VirtualClusterNames
+from kanal.tenancy.interceptor import PassthroughAliases, VirtualClusterNames
 from kanal.tenancy.names import VirtualNames
 from kanal.tenancy.rewrite import UNCHANGED, to_logical, to_physical
-from kanal.testing import FakeServices
+from kanal.testing import FakeServices, Harness
 
 PREFIX = "team-a."
 NAMES = VirtualNames(PREFIX)
@@ -296,3 +298,34 @@ def test_repeated_produce_responses_are_renamed_from_memory(monkeypatch: pytest.
     check((PREFIX + "orders", PREFIX + "payments"), 3)
     check((PREFIX + "payments",), 4)
     check((PREFIX + "orders",), 5)
+
+
+# -- aliases ---------------------------------------------------------------------------------------
+
+
+def test_a_fetch_naming_an_alias_leaves_its_fetch_session_and_its_answer_keeps_the_alias() -> None:
+    """Outside a session the broker answers for exactly what each request names, so each answer is
+    renamed from its own request; in one, the alias's partitions would come back later unnamed."""
+    harness = Harness()
+    harness.append(PassthroughAliases({"orders-v2": "orders"}, FakeServices()))
+    cls = require_request_class(ApiKey.FETCH, 12)
+    topic_cls = nested(cls, "topics")
+    part = build(nested(topic_cls, "partitions"), partition=0, fetch_offset=0)
+
+    def fetch(*topics: str) -> Any:
+        entries = tuple(build(topic_cls, topic=t, partitions=(part,)) for t in topics)
+        return build(cls, session_id=0, session_epoch=0, topics=entries)
+
+    def broker(forwarded: Any) -> Any:
+        response_cls = response_class(ApiKey.FETCH, 12)
+        r_topic = nested(response_cls, "responses")
+        r_part = build(nested(r_topic, "partitions"), partition_index=0, error_code=ErrorCode.none, records=b"")
+        entries = tuple(build(r_topic, topic=t.topic, partitions=(r_part,)) for t in forwarded.topics)
+        return build(response_cls, error_code=ErrorCode.none, session_id=0, responses=entries)
+
+    exchange = trio.run(partial(harness.request, fetch("orders-v2"), upstream=broker))
+    assert [t.topic for t in exchange.forwarded.topics] == ["orders"]
+    assert (exchange.forwarded.session_id, exchange.forwarded.session_epoch) == (0, -1)
+    assert [t.topic for t in exchange.response.responses] == ["orders-v2"]
+    plain = trio.run(partial(harness.request, fetch("orders"), upstream=broker))
+    assert (plain.forwarded.session_epoch, [t.topic for t in plain.response.responses]) == (0, ["orders"])

@@ -6,7 +6,7 @@ An AliasTopic manifest::
     kind: AliasTopic
     metadata:
       name: orders                  # the logical name the tenant's clients use
-      vCluster: team-a.             # required: aliases live in virtual clusters
+      vCluster: team-a.             # optional: without it, an alias of the passthrough cluster
     spec:
       physicalName: shared.orders   # the cluster's topic it stands for
 
@@ -56,16 +56,15 @@ def _canonical(manifest: Any, kind: ResourceKind) -> Manifest:
         raise invalid(f"unknown metadata field {sorted(unknown)[0]!r} (expected name, vCluster)")
     name = metadata["name"]
     vcluster = metadata.get("vCluster")
-    if vcluster in (None, ""):
-        raise invalid(
-            "metadata.vCluster is required: aliases live in virtual clusters (the alias is a name its clients use)"
-        )
-    if not isinstance(vcluster, str):
+    if vcluster is not None and not isinstance(vcluster, str):
         raise invalid(f"metadata.vCluster must be a virtual cluster's name, got {vcluster!r}")
-    try:
-        names = VirtualNames(vcluster)
-    except ValueError as exc:
-        raise invalid(f"metadata.vCluster: {exc}") from exc
+    if vcluster:
+        try:
+            names = VirtualNames(vcluster)
+        except ValueError as exc:
+            raise invalid(f"metadata.vCluster: {exc}") from exc
+    else:
+        vcluster, names = None, VirtualNames.passthrough({})
     why = names.invalid_topic(name)
     if why is not None:
         raise invalid(f"metadata.name: {why}")
@@ -80,14 +79,15 @@ def _canonical(manifest: Any, kind: ResourceKind) -> Manifest:
             f"spec.physicalName must be a topic name: 1 to {MAX_TOPIC_LENGTH} ASCII letters, digits,"
             f" '.', '_' or '-', not '.' or '..'; got {physical!r}"
         )
-    return envelope(kind, {"name": name, "vCluster": vcluster}, {"physicalName": physical})
+    metadata_out = {"name": name} if vcluster is None else {"name": name, "vCluster": vcluster}
+    return envelope(kind, metadata_out, {"physicalName": physical})
 
 
 def _alias(manifest: Manifest) -> AliasTopic:
     """The alias a canonical manifest stands for."""
     metadata = manifest["metadata"]
     return AliasTopic(
-        name=metadata["name"], vcluster=metadata["vCluster"], physical_name=manifest["spec"]["physicalName"]
+        name=metadata["name"], vcluster=metadata.get("vCluster"), physical_name=manifest["spec"]["physicalName"]
     )
 
 
@@ -98,9 +98,12 @@ def _refuse_alias_of_alias(aliases: Iterable[AliasTopic]) -> None:
     if offending is None:
         return
     target = next(
-        a for a in aliases if a.vcluster == offending.vcluster and a.vcluster + a.name == offending.physical_name
+        a
+        for a in aliases
+        if a.vcluster == offending.vcluster and (a.vcluster or "") + a.name == offending.physical_name
     )
-    where = f"alias topic {offending.name!r} of virtual cluster {offending.vcluster!r}"
+    cluster = "the passthrough cluster" if offending.vcluster is None else f"virtual cluster {offending.vcluster!r}"
+    where = f"alias topic {offending.name!r} of {cluster}"
     if target.name == offending.name:
         msg = (
             f"{where} stands for {offending.physical_name!r}, where the alias itself is stored: no alias of an"
@@ -109,7 +112,7 @@ def _refuse_alias_of_alias(aliases: Iterable[AliasTopic]) -> None:
     else:
         msg = (
             f"{where} stands for {offending.physical_name!r}, where alias topic {target.name!r} of the same"
-            f" virtual cluster is stored: no alias of an alias; point {offending.name!r} at what"
+            f" cluster is stored: no alias of an alias; point {offending.name!r} at what"
             f" {target.name!r} stands for, {target.physical_name!r}"
         )
     raise ResourceError(409, "Conflict", msg)
@@ -119,8 +122,16 @@ def alias_topic_kind(gateway: GatewayHost) -> ResourceKind:
     """The AliasTopic kind; applying it replaces the gateway's aliases."""
 
     def validate(manifest: Any, state: StateView) -> Manifest:
-        refuse_without_authentication(gateway, "alias topics")
         canonical = _canonical(manifest, kind)
+        if "vCluster" in canonical["metadata"]:
+            refuse_without_authentication(gateway, "alias topics of a virtual cluster")
+        elif gateway.settings.security_mode == "kafka_managed":
+            raise ResourceError(
+                409,
+                "Conflict",
+                "alias topics are not available with GATEWAY_SECURITY_MODE=KAFKA_MANAGED (the cluster's"
+                " own ACLs would see names the gateway changed)",
+            )
         key = kind.key_of(canonical["metadata"])
         others = [_alias(m) for m in state.resources(KIND) if kind.key_of(m["metadata"]) != key]
         _refuse_alias_of_alias([*others, _alias(canonical)])
@@ -134,7 +145,7 @@ def alias_topic_kind(gateway: GatewayHost) -> ResourceKind:
         path="alias-topic",
         validate=validate,
         apply=apply,
-        description="A topic name in a virtual cluster for a topic of the cluster (shares its records and offsets).",
+        description="A topic name, in a virtual cluster or the passthrough cluster, for a topic of the cluster.",
         key_fields=("vCluster",),
         columns=(
             ("NAME", "metadata.name"),

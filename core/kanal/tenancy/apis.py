@@ -27,7 +27,7 @@ from typing import Final
 
 from kio.schema.index import api_key_map
 
-from kanal.tenancy.walk import REGEX, ByField, Kind, Many, Spec, each, one
+from kanal.tenancy.walk import REGEX, ByField, Each, Kind, Many, One, Spec, each, one
 
 _KEY: Final = {name: key for key, name in api_key_map.items()}
 
@@ -157,6 +157,23 @@ _BY_NAME: Final[dict[str, ApiNames]] = {
 
 #: Where the names are, by API key.
 NAMES: Final[Mapping[int, ApiNames]] = {_KEY[name]: where for name, where in _BY_NAME.items()}
+
+
+def _names_topics(spec: Spec) -> bool:
+    for rule in spec.values():
+        if rule is T or rule is REGEX or (isinstance(rule, Many) and rule.kind is T):
+            return True
+        if isinstance(rule, ByField) and T in rule.kinds.values():
+            return True
+        if isinstance(rule, Each | One) and _names_topics(rule.fields):
+            return True
+    return False
+
+
+#: The APIs whose requests or responses can name a topic (the passthrough cluster's aliases).
+TOPIC_APIS: Final = frozenset(
+    key for key, where in NAMES.items() if _names_topics(where.request) or _names_topics(where.response)
+)
 
 
 def api_key(name: str) -> int:

@@ -10,7 +10,7 @@ brokers, which every tenant shares.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import Any, ClassVar
 
@@ -27,12 +27,13 @@ from kanal.protocol.api import ApiKey, api_name
 from kanal.protocol.headers import response_correlation_id, skip_tagged_fields
 from kanal.protocol.messages import decode_response, encode_response, response_type
 from kanal.protocol.name_spans import produce_response_names, splice
+from kanal.tenancy.apis import TOPIC_APIS
 from kanal.tenancy.names import VirtualNames
 from kanal.tenancy.rewrite import UNCHANGED, Rewrite, renames_response, to_logical, to_physical
 from kanal.tenancy.scope import PASSED_APIS, RENAMED_APIS
 from kanal.tenancy.topic_ids import VirtualTopicIds, carries_topic_ids, map_topic_ids
 
-__all__ = ["VirtualClusterNames"]
+__all__ = ["PassthroughAliases", "VirtualClusterNames"]
 
 _ALTERS_CONFIGS = frozenset({ApiKey.ALTER_CONFIGS, ApiKey.INCREMENTAL_ALTER_CONFIGS})
 _TENANT_CONFIGS = frozenset({2, 32})  # topics and groups: renamed; anything else is the cluster's
@@ -62,17 +63,23 @@ class VirtualClusterNames(Interceptor):
     def wire_request(self, request: WireRequest) -> bool:
         """Produce: the transactional id and topic names get the prefix in a splice, and the
         response's names lose it the same way. Fetch v13+ names topics by id only: nothing to do.
-        Fetch up to v12 carries names in its large responses: the decoded path renames those."""
+        Fetch up to v12 carries names in its large responses: the decoded path renames a virtual
+        cluster's. A request naming an alias is decoded (its answer names what the request did);
+        the passthrough cluster's other requests need nothing."""
         header = request.header
         version = header.api_version
+        aliases = self.names.aliases
         if header.api_key == ApiKey.FETCH:
-            return self.ids is None and not renames_response(ApiKey.FETCH, version)
+            if self.ids is not None or (self.names.prefix and renames_response(ApiKey.FETCH, version)):
+                return False
+            return not (aliases and any(span.value in aliases for span in request.names.topics))
         names = request.names
         if self.ids is not None and names.topic_ids:
             return False  # ids of its own: mapped on the decoded path
-        aliases = self.names.aliases
         if aliases and any(span.value in aliases for span in names.topics):
             return False  # its response names the topic as the request did: the decoded path remembers
+        if not self.names.prefix:
+            return True  # the passthrough cluster: only aliases are renamed
         spans = list(names.topics)
         physical = [self.names.topic(span.value) for span in spans]
         txn = names.transactional_id
@@ -140,11 +147,17 @@ class VirtualClusterNames(Interceptor):
                 ErrorCode.cluster_authorization_failed,
                 f"broker configs are the whole cluster's: not allowed in virtual cluster {self.vcluster!r}",
             )
+        return self._rename(ctx)
+
+    def _rename(self, ctx: RequestContext) -> Any:
+        api_key = ctx.api_key
         physical, rewrite = to_physical(api_key, ctx.request, self.names)
         if rewrite.answer is not None:
             return Respond(rewrite.answer)
         if self.ids is not None:
             physical = map_topic_ids(physical, self._physical_ids(ctx.notes))
+        if api_key == ApiKey.FETCH and (rewrite.aliased or "aliased ids" in ctx.notes):
+            physical = _sessionless(physical)
         ctx.request = physical
         if (
             rewrite is not UNCHANGED
@@ -199,3 +212,31 @@ class VirtualClusterNames(Interceptor):
                     entry, changed = replace(entry, topic_id=alias_id), True
             entries.append(entry)
         return replace(response, topics=tuple(entries)) if changed else response
+
+
+def _sessionless(fetch: Any) -> Any:
+    """A Fetch naming an alias, as a full fetch outside any session (KIP-227's epoch -1): the broker
+    then answers for exactly the topics the request names, under the names (and ids) it used, so
+    each answer is renamed from its own request; a session would bring back the alias's partitions
+    later under the physical topic's name. The client reads session id 0 as "no session" and keeps
+    sending full fetches."""
+    if getattr(fetch, "session_epoch", None) is None or fetch.session_epoch == -1:
+        return fetch
+    return replace(fetch, session_id=0, session_epoch=-1)
+
+
+class PassthroughAliases(VirtualClusterNames):
+    """The passthrough cluster's alias topics: the same renaming with no prefix, on the APIs that
+    can name a topic; nothing is refused (the cluster is the clients' own)."""
+
+    plugin_name: ClassVar[str] = "kanal.aliases"
+    description: ClassVar[str] = "The passthrough cluster's alias topics (built in, always innermost)."
+    request_api_keys: ClassVar[frozenset[int] | None] = TOPIC_APIS
+    response_api_keys: ClassVar[frozenset[int] | None] = TOPIC_APIS
+
+    def __init__(self, aliases: Mapping[str, str], services: GatewayServices) -> None:
+        super().__init__(VirtualNames.passthrough(aliases), services, "passthrough")
+
+    @hookimpl
+    def kanal_request(self, ctx: RequestContext) -> Any:
+        return self._rename(ctx)

@@ -50,6 +50,14 @@ class VirtualNames:
     #: The virtual cluster's alias topics: logical name -> physical name.
     aliases: Mapping[str, str] = field(default_factory=dict, compare=False)
 
+    @classmethod
+    def passthrough(cls, aliases: Mapping[str, str]) -> VirtualNames:
+        """The passthrough cluster's names: its own, but for its aliases (no prefix)."""
+        names = object.__new__(cls)
+        object.__setattr__(names, "prefix", "")
+        object.__setattr__(names, "aliases", aliases)
+        return names
+
     def __post_init__(self) -> None:
         if not _LEGAL_TOPIC_CHARS.fullmatch(self.prefix):
             raise ValueError(

@@ -118,6 +118,8 @@ class ToPhysical:
         return self.names.transactional_id(value)
 
     def regex(self, value: str) -> str | None:
+        if not self.names.prefix:  # the passthrough cluster's names: only aliases change
+            return value
         return regexes.to_physical(value, self.names.prefix)
 
 
@@ -139,6 +141,8 @@ class ToLogical:
         return self.names.logical_transactional_id(value)
 
     def regex(self, value: str) -> str | None:
+        if not self.names.prefix:
+            return value
         return regexes.to_logical(value, self.names.prefix)
 
 
