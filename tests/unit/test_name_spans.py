@@ -25,7 +25,14 @@ from kanal.protocol.messages import (
     encode_response,
     response_type,
 )
-from kanal.protocol.name_spans import NameSpan, RequestNames, produce_response_names, request_names, splice
+from kanal.protocol.name_spans import (
+    NameSpan,
+    RequestNames,
+    fetch_response_ids,
+    produce_response_names,
+    request_names,
+    splice,
+)
 from kanal.protocol.records import Record, encode_batch
 
 
@@ -367,6 +374,70 @@ def test_produce_response_names_match_kio_and_rename_round_trips(version: int, d
             produce_response_names(frame[:cut], version)
     with pytest.raises(InvalidHeader):
         produce_response_names(frame + b"\x00", version)
+
+
+@st.composite
+def _fetch_responses(draw: st.DrawFn, version: int) -> Any:
+    cls = response_type(1, version)
+    topic_cls = nested(cls, "responses")
+    part_cls = nested(topic_cls, "partitions")
+    aborted_cls = nested(part_cls, "aborted_transactions")
+
+    def partition() -> Any:
+        aborted = draw(st.none() | st.lists(st.builds(lambda p, o: (p, o), _i64, _i64), max_size=2))
+        values: dict[str, Any] = {
+            "partition_index": draw(_i32),
+            "error_code": draw(st.sampled_from([ErrorCode.none, ErrorCode.offset_out_of_range])),
+            "high_watermark": draw(_i64),
+            "last_stable_offset": draw(_i64),
+            "log_start_offset": draw(_i64),
+            "aborted_transactions": None
+            if aborted is None
+            else tuple(build(aborted_cls, producer_id=p, first_offset=o) for p, o in aborted),
+            "preferred_read_replica": draw(_i32),
+            "records": draw(_records),
+        }
+        if draw(st.booleans()):
+            leader_cls = hints(part_cls)["current_leader"]
+            values["current_leader"] = leader_cls(leader_id=draw(_i32), leader_epoch=draw(_i32))
+        return build(part_cls, **values)
+
+    topics = tuple(
+        build(
+            topic_cls, topic_id=draw(st.uuids()), partitions=tuple(partition() for _ in range(draw(st.integers(0, 3))))
+        )
+        for _ in range(draw(st.integers(0, 3)))
+    )
+    fields: dict[str, Any] = {"responses": topics, "session_id": draw(_i32)}
+    if has_field(cls, "node_endpoints"):
+        ep_cls = nested(cls, "node_endpoints")
+        fields["node_endpoints"] = tuple(
+            build(ep_cls, node_id=draw(_i32), host=draw(_names), port=draw(_i32), rack=draw(st.none() | _names))
+            for _ in range(draw(st.integers(0, 2)))
+        )
+    return build(cls, **fields)
+
+
+@pytest.mark.parametrize("version", [v for v in FETCH_VERSIONS if v >= 13])
+@_SETTINGS
+@given(data=st.data())
+def test_fetch_response_ids_are_found_in_place(version: int, data: st.DataObject) -> None:
+    body = data.draw(_fetch_responses(version))
+    frame = bytes(encode_response(body, 11))
+    at = fetch_response_ids(frame, version)
+    assert [uuid.UUID(bytes=frame[p : p + 16]) for p in at] == [t.topic_id for t in body.responses]
+    patched = bytearray(frame)
+    for p in at:
+        patched[p : p + 16] = uuid.UUID(int=5).bytes
+    expected = [dataclasses.replace(t, topic_id=uuid.UUID(int=5)) for t in body.responses]
+    assert list(decode_response(1, version, patched).responses) == expected
+    for cut in range(0, len(frame), 7):
+        with pytest.raises(InvalidHeader):
+            fetch_response_ids(frame[:cut], version)
+
+
+def test_fetch_responses_before_v13_carry_no_ids() -> None:
+    assert fetch_response_ids(b"", 12) == ()
 
 
 # --------------------------------------------------------------------------- hand-built frames

@@ -33,6 +33,7 @@ from kanal.protocol.records import Record, encode_batch
 from kanal.tenancy.interceptor import PassthroughAliases, VirtualClusterNames
 from kanal.tenancy.names import VirtualNames
 from kanal.tenancy.rewrite import UNCHANGED, to_logical, to_physical
+from kanal.tenancy.topic_ids import VirtualTopicIds
 from kanal.testing import FakeServices, Harness
 
 PREFIX = "team-a."
@@ -329,3 +330,24 @@ def test_a_fetch_naming_an_alias_leaves_its_fetch_session_and_its_answer_keeps_t
     assert [t.topic for t in exchange.response.responses] == ["orders-v2"]
     plain = trio.run(partial(harness.request, fetch("orders"), upstream=broker))
     assert (plain.forwarded.session_epoch, [t.topic for t in plain.response.responses]) == (0, ["orders"])
+
+
+def test_a_fetch_by_a_virtual_clusters_own_id_is_patched_in_place_both_ways() -> None:
+    ids = VirtualTopicIds(PREFIX, {"shared": "shared.orders"}, {ORDERS_ID: "shared.orders"}.get)
+    stage = VirtualClusterNames(NAMES, FakeServices(), PREFIX, ids)
+    own = uuid.UUID(int=77)
+    request = wire(fetch(13, topic_id=ids.virtual(own)))
+    assert stage.wire_request(request)
+    assert [t.topic_id for t in decoded(request).topics] == [own]
+    (fix,) = request.fixes
+    response_cls = response_class(ApiKey.FETCH, 13)
+    r_topic = nested(response_cls, "responses")
+    r_part = build(nested(r_topic, "partitions"), partition_index=0, error_code=ErrorCode.none, records=BATCH)
+    upstream = build(
+        response_cls, error_code=ErrorCode.none, responses=(build(r_topic, topic_id=own, partitions=(r_part,)),)
+    )
+    frame = encode_response(upstream, 7)
+    answer = decode_response(ApiKey.FETCH, 13, fix(frame))
+    assert [t.topic_id for t in answer.responses] == [ids.virtual(own)] and answer.responses[0].partitions == (r_part,)
+    assert decode_response(ApiKey.FETCH, 13, frame) == upstream  # the broker's frame is left as it came
+    assert not stage.wire_request(wire(fetch(13, topic_id=ids.virtual(ORDERS_ID, "shared"))))  # an alias's id

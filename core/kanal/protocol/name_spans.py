@@ -24,7 +24,7 @@ from typing import NamedTuple
 
 from kanal.protocol.headers import InvalidHeader, RequestHeader, read_uvarint, skip_tagged_fields
 
-__all__ = ["NameSpan", "RequestNames", "produce_response_names", "request_names", "splice"]
+__all__ = ["NameSpan", "RequestNames", "fetch_response_ids", "produce_response_names", "request_names", "splice"]
 
 _I16 = struct.Struct(">h").unpack_from
 _I32 = struct.Struct(">i").unpack_from
@@ -52,6 +52,8 @@ class RequestNames(NamedTuple):
     topics: tuple[NameSpan, ...]
     topic_ids: tuple[uuid.UUID, ...]
     follower: bool
+    #: Where each of ``topic_ids`` is in the frame (same order): ids are patched in place.
+    id_at: tuple[int, ...] = ()
 
 
 def request_names(frame: Frame, header: RequestHeader) -> RequestNames:
@@ -92,6 +94,20 @@ def produce_response_names(frame: Frame, version: int) -> tuple[NameSpan, ...]:
         raise
     except (IndexError, struct.error, ValueError) as exc:
         raise InvalidHeader(f"malformed Produce v{version} response") from exc
+
+
+def fetch_response_ids(frame: Frame, version: int) -> tuple[int, ...]:
+    """Where the topic ids of a whole Fetch v13+ response frame are (header included), in frame
+    order; () before v13, which names topics. Ids keep their length, so they are patched in place.
+    Raises InvalidHeader on a truncated or malformed frame."""
+    if version < 13:
+        return ()
+    try:
+        return _fetch_response_ids(frame)
+    except InvalidHeader:
+        raise
+    except (IndexError, struct.error, ValueError) as exc:
+        raise InvalidHeader(f"malformed Fetch v{version} response") from exc
 
 
 def splice(frame: Frame, spans: Sequence[NameSpan], values: Sequence[str], flexible: bool) -> bytearray:
@@ -188,10 +204,14 @@ def _uuid(frame: Frame, pos: int) -> uuid.UUID:
     return uuid.UUID(bytes=bytes(frame[pos : pos + 16]))  # a short slice raises ValueError
 
 
-def _topic(frame: Frame, pos: int, by_id: bool, flexible: bool, names: list[NameSpan], ids: list[uuid.UUID]) -> int:
-    """Reads a Fetch request's topic (its id, or its name) into ``ids`` or ``names``; the position after it."""
+def _topic(
+    frame: Frame, pos: int, by_id: bool, flexible: bool, names: list[NameSpan], ids: list[uuid.UUID], at: list[int]
+) -> int:
+    """Reads a request's topic (its id, or its name) into ``ids`` and ``at``, or ``names``; the
+    position after it."""
     if by_id:
         ids.append(_uuid(frame, pos))
+        at.append(pos)
         return pos + 16
     span = _name(frame, pos, flexible)
     names.append(span)
@@ -216,14 +236,9 @@ def _produce_request(frame: Frame, version: int, flexible: bool, pos: int) -> Re
     count, pos = _count(frame, pos, flexible)
     topics: list[NameSpan] = []
     ids: list[uuid.UUID] = []
+    at: list[int] = []
     for _ in range(count):
-        if version >= 13:
-            ids.append(_uuid(frame, pos))
-            pos += 16
-        else:
-            span = _name(frame, pos, flexible)
-            topics.append(span)
-            pos = span.end
+        pos = _topic(frame, pos, version >= 13, flexible, topics, ids, at)
         partitions, pos = _count(frame, pos, flexible)
         for _ in range(partitions):
             pos += 4  # index
@@ -252,7 +267,7 @@ def _produce_request(frame: Frame, version: int, flexible: bool, pos: int) -> Re
     if flexible:
         pos = skip_tagged_fields(frame, pos)
     _at_end(frame, pos, "Produce request")
-    return RequestNames(transactional_id, tuple(topics), tuple(ids), False)
+    return RequestNames(transactional_id, tuple(topics), tuple(ids), False, tuple(at))
 
 
 def _fetch_request(frame: Frame, version: int, flexible: bool, pos: int) -> RequestNames:
@@ -272,9 +287,10 @@ def _fetch_request(frame: Frame, version: int, flexible: bool, pos: int) -> Requ
     partition_size = 16 + (4 if version >= 9 else 0) + (4 if version >= 12 else 0) + (8 if version >= 5 else 0)
     topics: list[NameSpan] = []
     ids: list[uuid.UUID] = []
+    at: list[int] = []
     count, pos = _count(frame, pos, flexible)
     for _ in range(count):
-        pos = _topic(frame, pos, version >= 13, flexible, topics, ids)
+        pos = _topic(frame, pos, version >= 13, flexible, topics, ids, at)
         partitions, pos = _count(frame, pos, flexible)
         if flexible:
             for _ in range(partitions):
@@ -292,7 +308,7 @@ def _fetch_request(frame: Frame, version: int, flexible: bool, pos: int) -> Requ
     if version >= 7:  # forgotten_topics_data
         count, pos = _count(frame, pos, flexible)
         for _ in range(count):
-            pos = _topic(frame, pos, version >= 13, flexible, topics, ids)
+            pos = _topic(frame, pos, version >= 13, flexible, topics, ids, at)
             partitions, pos = _count(frame, pos, flexible)
             pos += 4 * partitions
             if flexible:
@@ -315,7 +331,7 @@ def _fetch_request(frame: Frame, version: int, flexible: bool, pos: int) -> Requ
             if tag == 1 and version >= 15:
                 follower = True
     _at_end(frame, pos, "Fetch request")
-    return RequestNames(None, tuple(topics), tuple(ids), follower)
+    return RequestNames(None, tuple(topics), tuple(ids), follower, tuple(at))
 
 
 def _produce_response(frame: Frame, version: int) -> tuple[NameSpan, ...]:
@@ -356,3 +372,28 @@ def _produce_response(frame: Frame, version: int) -> tuple[NameSpan, ...]:
         pos = skip_tagged_fields(frame, pos)  # node_endpoints (v10+)
     _at_end(frame, pos, "Produce response")
     return tuple(topics)
+
+
+def _fetch_response_ids(frame: Frame) -> tuple[int, ...]:
+    pos = skip_tagged_fields(frame, 4)  # after the correlation id
+    pos += 10  # throttle_time_ms, error_code, session_id
+    at: list[int] = []
+    count, pos = _count(frame, pos, True)
+    for _ in range(count):
+        at.append(pos)
+        pos += 16
+        partitions, pos = _count(frame, pos, True)
+        for _ in range(partitions):
+            pos += 30  # partition_index, error_code, high_watermark, last_stable_offset, log_start_offset
+            aborted, pos = read_uvarint(frame, pos)  # (nullable: 0 is null)
+            for _ in range(aborted - 1):
+                pos = skip_tagged_fields(frame, pos + 16)  # producer_id, first_offset
+            pos += 4  # preferred_read_replica
+            n, pos = read_uvarint(frame, pos)  # records (nullable)
+            if n:
+                pos += n - 1
+            pos = skip_tagged_fields(frame, pos)
+        pos = skip_tagged_fields(frame, pos)
+    pos = skip_tagged_fields(frame, pos)
+    _at_end(frame, pos, "Fetch response")
+    return tuple(at)

@@ -26,7 +26,7 @@ from kanal.pipeline.wire import ResponseFix, WireRequest
 from kanal.protocol.api import ApiKey, api_name
 from kanal.protocol.headers import response_correlation_id, skip_tagged_fields
 from kanal.protocol.messages import decode_response, encode_response, response_type
-from kanal.protocol.name_spans import produce_response_names, splice
+from kanal.protocol.name_spans import fetch_response_ids, produce_response_names, splice
 from kanal.tenancy.apis import TOPIC_APIS
 from kanal.tenancy.names import VirtualNames
 from kanal.tenancy.rewrite import UNCHANGED, Rewrite, renames_response, to_logical, to_physical
@@ -58,7 +58,7 @@ class VirtualClusterNames(Interceptor):
         self.names = names
         self.vcluster = vcluster
         self.ids = ids
-        self._produce_fixes: dict[int, ResponseFix] = {}
+        self._fixes: dict[tuple[int, int], ResponseFix] = {}  # (api key, version): built once
 
     def wire_request(self, request: WireRequest) -> bool:
         """Produce: the transactional id and topic names get the prefix in a splice, and the
@@ -70,8 +70,10 @@ class VirtualClusterNames(Interceptor):
         version = header.api_version
         aliases = self.names.aliases
         if header.api_key == ApiKey.FETCH:
-            if self.ids is not None or (self.names.prefix and renames_response(ApiKey.FETCH, version)):
+            if self.names.prefix and renames_response(ApiKey.FETCH, version):
                 return False
+            if self.ids is not None:
+                return self._fetch_ids(request)
             return not (aliases and any(span.value in aliases for span in request.names.topics))
         names = request.names
         if self.ids is not None and names.topic_ids:
@@ -89,13 +91,50 @@ class VirtualClusterNames(Interceptor):
         if spans:
             request.frame = splice(request.frame, spans, physical, header.header_version >= 2)
         if renames_response(ApiKey.PRODUCE, version):
-            request.fixes.append(self._produce_fix(version))
+            request.fixes.append(self._fix(ApiKey.PRODUCE, version))
         return True
 
-    def _produce_fix(self, version: int) -> ResponseFix:
-        fix = self._produce_fixes.get(version)
+    def _fetch_ids(self, request: WireRequest) -> bool:
+        """A Fetch by id with the virtual cluster's own ids: each id patched in place to the physical
+        one, and back in the response (ids keep their length: nothing else moves). A request using
+        an alias's id is decoded (it leaves its fetch session there)."""
+        ids = self.ids
+        assert ids is not None
+        names = request.names
+        physical = []
+        for topic_id in names.topic_ids:
+            physical_id, alias = ids.resolve(topic_id)
+            if alias is not None:
+                return False
+            physical.append(physical_id)
+        if physical:
+            frame = bytearray(request.frame)
+            for at, physical_id in zip(names.id_at, physical, strict=True):
+                frame[at : at + 16] = physical_id.bytes
+            request.frame = frame
+        request.fixes.append(self._fix(ApiKey.FETCH, request.header.api_version))
+        return True
+
+    def _fetch_fix(self, version: int) -> ResponseFix:
+        ids = self.ids
+        assert ids is not None
+
+        def fix(frame: bytearray) -> bytearray:
+            found = fetch_response_ids(frame, version)
+            if not found:
+                return frame
+            out = bytearray(frame)  # (a copy: the caller may need the frame as it came)
+            for at in found:
+                out[at : at + 16] = ids.virtual(uuid.UUID(bytes=bytes(out[at : at + 16]))).bytes
+            return out
+
+        return fix
+
+    def _fix(self, api_key: int, version: int) -> ResponseFix:
+        fix = self._fixes.get((api_key, version))
         if fix is None:
-            fix = self._produce_fixes[version] = self._logical_produce_response(version)
+            build = self._logical_produce_response if api_key == ApiKey.PRODUCE else self._fetch_fix
+            fix = self._fixes[(api_key, version)] = build(version)
         return fix
 
     def _logical_produce_response(self, version: int) -> ResponseFix:
