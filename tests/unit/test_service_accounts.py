@@ -15,7 +15,6 @@ import pytest
 from admin_harness import serve_admin
 
 from kanal.admin.app import AdminApi
-from kanal.admin.identity import service_accounts_of
 from kanal.admin.service import build_admin
 from kanal.admin.store import MemoryLog
 from kanal.api.errors import ConfigError
@@ -50,7 +49,7 @@ async def put(client: Client, manifest: Any) -> tuple[int, Any]:
 
 
 def accounts(api: AdminApi) -> ServiceAccounts:
-    return service_accounts_of(api.gateway)
+    return api.gateway.service_accounts
 
 
 # -- the kind over HTTP -----------------------------------------------------------------------------

@@ -28,7 +28,7 @@ from werkzeug.exceptions import HTTPException
 from kanal import __version__
 from kanal.admin.audit import audit, audit_log_of, host_port
 from kanal.admin.identity import KIND as SERVICE_ACCOUNT
-from kanal.admin.identity import mint_token, service_accounts_of
+from kanal.admin.identity import mint_token
 from kanal.admin.interceptors import plugin_catalogue, resolve
 from kanal.admin.metrics import HttpMetrics, route_template
 from kanal.admin.store import Change, ResourceStore
@@ -335,7 +335,7 @@ def create_app(api: AdminApi, extra_routes: Iterable[Callable[[AdminApi], None]]
         api.read_only_endpoints.add("interceptor_resolve")
 
     if kinds.get(SERVICE_ACCOUNT) is not None:
-        accounts = service_accounts_of(gateway)
+        accounts = gateway.service_accounts
 
         async def token() -> Response:
             """Mints a gateway token, the SASL PLAIN password of a LOCAL service account, for

@@ -56,7 +56,7 @@ from kanal.api.resources import (
     invalid,
 )
 from kanal.identity.accounts import USER_POOL_SECRET_ENV, user_pool_secret
-from kanal.identity.scram_credentials import DEFAULT_ITERATIONS, ScramCredentials, derive, from_dict, matches, to_dict
+from kanal.identity.scram_credentials import DEFAULT_ITERATIONS, derive, from_dict, matches, to_dict
 from kanal.protocol.sasl_mechanisms import SCRAM_HASHES, SCRAM_MAX_ITERATIONS, SCRAM_MIN_ITERATIONS, ScramCredential
 
 if TYPE_CHECKING:
@@ -97,19 +97,6 @@ SPEC_SCHEMA: Mapping[str, Any] = {
         },
     },
 }
-
-
-def scram_credentials_of(gateway: GatewayHost) -> ScramCredentials:
-    """The gateway's SCRAM credentials (``gateway.scram_credentials``), attached to it when it has none.
-
-    The gateway creates the instance itself for its listener; either way the admin kind and the
-    listener share one.
-    """
-    credentials = getattr(gateway, "scram_credentials", None)
-    if not isinstance(credentials, ScramCredentials):
-        credentials = ScramCredentials()
-        setattr(gateway, "scram_credentials", credentials)  # noqa: B010 (not declared by every GatewayHost)
-    return credentials
 
 
 # -- sealing --------------------------------------------------------------------------------------
@@ -260,7 +247,7 @@ def _unchanged(current: Manifest | None, password: str, mechanisms: list[str], i
 
 def scram_credential_kind(gateway: GatewayHost) -> ResourceKind:
     """The GatewayScramCredential kind; applying it replaces ``gateway.scram_credentials``."""
-    credentials = scram_credentials_of(gateway)
+    credentials = gateway.scram_credentials
 
     def validate(manifest: Any, state: StateView) -> Manifest:
         metadata, spec = check_envelope(manifest, kind)
@@ -354,4 +341,4 @@ def scram_credential_kind(gateway: GatewayHost) -> ResourceKind:
     return kind
 
 
-__all__ = ["KIND", "scram_credential_kind", "scram_credentials_of", "seal", "unseal"]
+__all__ = ["KIND", "scram_credential_kind", "seal", "unseal"]

@@ -26,14 +26,12 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from kanal.admin.identity import service_accounts_of
 from kanal.api.resources import READY, Key, Manifest, ResourceKind, StateView, Status, check_envelope, envelope, invalid
-from kanal.identity.directory import Directory
 from kanal.identity.groups import Group, Groups, Member
 from kanal.pipeline.chain import PASSTHROUGH
 
 if TYPE_CHECKING:
-    from kanal.admin.host import GatewayHost
+    pass
 
 KIND = "GatewayGroup"
 
@@ -60,26 +58,6 @@ SPEC_SCHEMA: Mapping[str, Any] = {
         },
     },
 }
-
-
-def groups_of(gateway: GatewayHost) -> Groups:
-    """The gateway's groups (``gateway.groups``), attached to it when it has none (a test's host);
-    the admin kind and the connections share one instance."""
-    groups = getattr(gateway, "groups", None)
-    if not isinstance(groups, Groups):
-        groups = Groups(on_change=gateway.pipeline.groups_changed)
-        setattr(gateway, "groups", groups)  # noqa: B010 (not declared by every GatewayHost)
-        gateway.pipeline.groups_of = groups.of
-    return groups
-
-
-def directory_of(gateway: GatewayHost) -> Directory:
-    """The directory connections are identified by (``gateway.directory``), or one over the same
-    service accounts and groups."""
-    directory = getattr(gateway, "directory", None)
-    if isinstance(directory, Directory):
-        return directory
-    return Directory(service_accounts_of(gateway), groups_of(gateway))
 
 
 def group_from_manifest(manifest: Mapping[str, Any]) -> Group:
@@ -181,4 +159,4 @@ def group_kind(groups: Groups) -> ResourceKind:
     return kind
 
 
-__all__ = ["KIND", "directory_of", "group_from_manifest", "group_kind", "groups_of"]
+__all__ = ["KIND", "group_from_manifest", "group_kind"]

@@ -10,6 +10,10 @@ if TYPE_CHECKING:
 
     from kanal.api.services import GatewayServices, Service
     from kanal.config.settings import Settings
+    from kanal.identity.accounts import ServiceAccounts
+    from kanal.identity.directory import Directory
+    from kanal.identity.groups import Groups
+    from kanal.identity.scram_credentials import ScramCredentials
     from kanal.metrics import GatewayMetrics
     from kanal.pipeline.chain import Pipeline
     from kanal.pipeline.registry import PluginRegistry
@@ -27,6 +31,10 @@ class GatewayHost(Protocol):
     services: list[Service]
     stopping: trio.Event
     virtual_clusters: VirtualClusters
+    service_accounts: ServiceAccounts
+    scram_credentials: ScramCredentials
+    groups: Groups
+    directory: Directory
     aliases: AliasTopics
 
     def services_for(self, plugin: str) -> GatewayServices:

@@ -49,7 +49,7 @@ from kanal.identity.accounts import (
 )
 
 if TYPE_CHECKING:
-    from kanal.admin.host import GatewayHost
+    pass
 
 KIND = "GatewayServiceAccount"
 #: The longest token lifetime (about 68 years): past it the expiry, in milliseconds, would no longer
@@ -74,18 +74,6 @@ SPEC_SCHEMA: Mapping[str, Any] = {
         },
     },
 }
-
-
-def service_accounts_of(gateway: GatewayHost) -> ServiceAccounts:
-    """The gateway's service accounts (``gateway.service_accounts``), attached to it when it has none.
-
-    The gateway may create the instance itself; either way the admin kind and the listener share one.
-    """
-    accounts = getattr(gateway, "service_accounts", None)
-    if not isinstance(accounts, ServiceAccounts):
-        accounts = ServiceAccounts()
-        setattr(gateway, "service_accounts", accounts)  # noqa: B010 (not declared by every GatewayHost)
-    return accounts
 
 
 def account_from_manifest(manifest: Mapping[str, Any]) -> ServiceAccount:
@@ -243,4 +231,4 @@ def mint_token(accounts: ServiceAccounts, secret_key: str | None, body: Any) -> 
     return MintedToken(token, account, lifetime)
 
 
-__all__ = ["KIND", "MintedToken", "account_from_manifest", "mint_token", "service_account_kind", "service_accounts_of"]
+__all__ = ["KIND", "MintedToken", "account_from_manifest", "mint_token", "service_account_kind"]

@@ -247,7 +247,6 @@ def resolve(gateway: GatewayHost, kind: ResourceKind, body: Any) -> list[Manifes
     and its GatewayGroups looked up, with ``externalGroups`` as the groups its credential claims.
     With ``groups`` (GatewayGroup names), those are taken as they are, for a what-if.
     """
-    from kanal.admin.groups import directory_of
 
     if body is None:
         body = {}
@@ -275,7 +274,7 @@ def resolve(gateway: GatewayHost, kind: ResourceKind, body: Any) -> list[Manifes
     if groups is not None:
         chain = gateway.pipeline.resolve(username or None, tuple(sorted(set(groups))), vcluster)
     elif username:
-        identity = directory_of(gateway).identify(Identity(username, tuple(external), vcluster))
+        identity = gateway.directory.identify(Identity(username, tuple(external), vcluster))
         chain = gateway.pipeline.resolve(identity.principal, tuple(identity.groups), identity.vcluster)
     else:
         chain = gateway.pipeline.resolve(None, (), vcluster)  # an anonymous client

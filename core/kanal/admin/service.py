@@ -32,16 +32,16 @@ def collect_kinds(gateway: GatewayHost) -> KindRegistry:
     the plugins contribute (``kanal_admin_resources``)."""
     from kanal.admin.alias_topics import alias_topic_kind
     from kanal.admin.credentials import scram_credential_kind
-    from kanal.admin.groups import group_kind, groups_of
-    from kanal.admin.identity import service_account_kind, service_accounts_of
+    from kanal.admin.groups import group_kind
+    from kanal.admin.identity import service_account_kind
     from kanal.admin.interceptors import interceptor_kind
     from kanal.admin.virtual_clusters import virtual_cluster_kind
 
     kinds = KindRegistry()
     kinds.add(interceptor_kind(gateway))
-    kinds.add(service_account_kind(service_accounts_of(gateway)))
+    kinds.add(service_account_kind(gateway.service_accounts))
     kinds.add(scram_credential_kind(gateway))
-    kinds.add(group_kind(groups_of(gateway)))
+    kinds.add(group_kind(gateway.groups))
     kinds.add(virtual_cluster_kind(gateway))
     kinds.add(alias_topic_kind(gateway))
     for plugin_name, contributed in gateway.registry.call_each("kanal_admin_resources", gateway.services_for):
