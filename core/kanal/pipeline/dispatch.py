@@ -9,9 +9,9 @@ the onion too: an interceptor's produce records hook sees the request as the int
 left it (after its own request hook, before those of the interceptors after it), and its fetch
 records hook the response as the interceptors after it left it (before its own response hook), so
 an interceptor in a virtual cluster sees the tenant's names both ways. Consecutive records hooks
-share one pass over the partitions. Every hook has a deadline (``GATEWAY_HOOK_TIMEOUT_MS``): an async hook is cancelled
-at it, a sync one that overran is caught when it returns; either closes the connection with a log
-line naming the interceptor. An exception in a hook does the same.
+share one pass over the partitions. Every hook has a deadline (``GATEWAY_HOOK_TIMEOUT_MS``): an
+async hook is cancelled at it, a sync one that overran is caught when it returns; either closes the
+connection with a log line naming the interceptor. An exception in a hook does the same.
 
 Sans-I/O apart from awaiting hooks: the connection (``kanal.net.connection``) and the test harness
 (``kanal.testing``) both drive it, so tests see the gateway's exact semantics.
@@ -207,7 +207,7 @@ class Dispatcher:
                 rctx = RecordsContext(
                     ctx.connection, ctx.api_key, ctx.api_version, ctx.client_id, name, int(part.index), records
                 )
-                outcome, failed_by = await self._records_failing(entries, rctx)
+                outcome, failed_by = await self._failing(entries, rctx, "produce_records", ctx.api_key)
                 if outcome is not None:
                     topic_id = getattr(topic, "topic_id", None)
                     failures.append(PartitionFailure(name, topic_id, int(part.index), outcome, failed_by))
@@ -223,26 +223,23 @@ class Dispatcher:
             return None
         return replace(request, topic_data=tuple(topics)) if changed else request
 
-    async def _records_failing(self, entries: list[Entry], ctx: RecordsContext) -> tuple[PartitionError | None, int]:
-        """Runs produce records hooks over one partition: the error, and the position of the
-        interceptor that failed it."""
-        for entry in entries:
-            outcome = await self.records([entry], ctx, "produce_records", ctx.api_key)
-            if outcome is not None:
-                return outcome, entry.position
-        return None, 0
-
     async def records(
         self, entries: list[Entry], ctx: RecordsContext, stage: str, api_key: int
     ) -> PartitionError | None:
         """Runs records hooks over one partition until one fails it (the error, or None)."""
+        return (await self._failing(entries, ctx, stage, api_key))[0]
+
+    async def _failing(
+        self, entries: list[Entry], ctx: RecordsContext, stage: str, api_key: int
+    ) -> tuple[PartitionError | None, int]:
+        """:meth:`records`, with the position of the interceptor that failed the partition."""
         for entry in entries:
             result = await self._call(entry, ctx, stage, api_key)
             if isinstance(result, PartitionError):
-                return result
+                return result, entry.position
             if result is not None:
                 raise CloseConnection(f"interceptor {entry.name!r}: {stage} answered {result!r}")
-        return None
+        return None, 0
 
     async def _topic_name(self, topic: Any) -> str:
         """The name of a Produce or Fetch topic entry, which may carry only a topic id (v13+)."""

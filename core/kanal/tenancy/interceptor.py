@@ -24,7 +24,7 @@ from kanal.api.results import Reject, Respond
 from kanal.api.services import GatewayServices
 from kanal.pipeline.wire import ResponseFix, WireRequest
 from kanal.protocol.api import ApiKey, api_name
-from kanal.protocol.headers import response_correlation_id, skip_tagged_fields
+from kanal.protocol.headers import response_body_offset, response_correlation_id
 from kanal.protocol.messages import decode_response, encode_response, response_type
 from kanal.protocol.name_spans import fetch_response_ids, produce_response_names, splice
 from kanal.tenancy.apis import TOPIC_APIS
@@ -62,10 +62,11 @@ class VirtualClusterNames(Interceptor):
 
     def wire_request(self, request: WireRequest) -> bool:
         """Produce: the transactional id and topic names get the prefix in a splice, and the
-        response's names lose it the same way. Fetch v13+ names topics by id only: nothing to do.
-        Fetch up to v12 carries names in its large responses: the decoded path renames a virtual
-        cluster's. A request naming an alias is decoded (its answer names what the request did);
-        the passthrough cluster's other requests need nothing."""
+        response's names lose it the same way. Fetch v13+ names topics by id only: nothing to do,
+        but for the virtual cluster's own ids (patched in place). Fetch up to v12 carries names in
+        its large responses: the decoded path renames a virtual cluster's. A request naming an alias
+        is decoded (its answer names what the request did); the passthrough cluster's other
+        requests need nothing."""
         header = request.header
         version = header.api_version
         aliases = self.names.aliases
@@ -143,12 +144,11 @@ class VirtualClusterNames(Interceptor):
         up to the end of their only topic name: the last such part and its renaming are kept."""
         names = self.names
         flexible = version >= 9
+        header_version = 1 if flexible else 0
         last: list[bytes] = [b"", b""]  # (body up to the name, renamed)
 
         def fix(frame: bytearray) -> bytearray:
-            body = 4  # after the correlation id, and the header's (nearly always empty) tagged fields
-            if flexible:
-                body = 5 if frame[4] == 0 else skip_tagged_fields(frame, 4)
+            body = response_body_offset(frame, header_version)
             prefix, renamed = last
             end = body + len(prefix)
             if prefix and frame[body:end] == prefix:
