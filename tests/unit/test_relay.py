@@ -56,9 +56,11 @@ def _memory() -> tuple[trio.abc.Stream, trio.abc.Stream]:
     return trio.testing.memory_stream_pair()  # type: ignore[return-value]
 
 
-def _run_relay(pair: Pair, frame: bytes, scan: ResponseScan | None, send: bytes | None = None) -> bytes:
-    """Writes ``send`` (default: the frame) into one pair, relays the frame to another; returns
-    what came out (length prefix included)."""
+def _run_relay(
+    pair: Pair, frame: bytes, scan: ResponseScan | None, send: bytes | None = None, chunk: int | None = None
+) -> bytes:
+    """Writes ``send`` (default: the frame) into one pair, ``chunk`` bytes at a time (default: at
+    once), relays the frame to another; returns what came out (length prefix included)."""
     received = bytearray()
     failed: list[Exception] = []
 
@@ -67,7 +69,11 @@ def _run_relay(pair: Pair, frame: bytes, scan: ResponseScan | None, send: bytes 
         client, client_far = pair()
 
         async def feed() -> None:
-            await upstream_far.send_all(frame[HEAD:] if send is None else send)
+            data = frame[HEAD:] if send is None else send
+            step = chunk or len(data)
+            for at in range(0, len(data), step):
+                await upstream_far.send_all(data[at : at + step])
+                await trio.testing.wait_all_tasks_blocked()  # the relay reads this piece alone
             await upstream_far.aclose()
 
         async def drain() -> None:
@@ -110,6 +116,35 @@ def test_leader_hints_at_the_end_of_a_streamed_response_are_hidden(pair: Pair) -
     # the client sees the same response, minus the hints it cannot be given any more
     body = decode_response(1, 16, out[: where - 1] + b"\x00")
     assert len(body.responses[0].partitions) == 4
+
+
+def _fetch_by_ids(version: int, topics: int, value_size: int) -> bytes:
+    cls = response_type(1, version)
+    topic_cls = nested(cls, "responses")
+    part_cls = nested(topic_cls, "partitions")
+    batch = encode_batch([Record(0, 0, None, b"v" * value_size, [])], base_timestamp=1)
+    parts = tuple(build(part_cls, partition_index=p, records=batch, preferred_read_replica=-1) for p in range(3))
+    responses = tuple(build(topic_cls, topic_id=uuid.UUID(int=t + 1), partitions=parts) for t in range(topics))
+    return bytes(encode_response(build(cls, responses=responses), 7))
+
+
+def _flip(topic_id: bytes) -> bytes:
+    return bytes(b ^ 0x5A for b in topic_id)
+
+
+@pytest.mark.parametrize("version", [13, 16])
+@pytest.mark.parametrize("chunk", [None, 7, 16, 4096])
+def test_topic_ids_are_mapped_while_a_response_streams(version: int, chunk: int | None) -> None:
+    frame = _fetch_by_ids(version, topics=6, value_size=700)
+    out = _run_relay(_memory, frame, ResponseScan(1, version, _flip), chunk=chunk)[4:]
+    assert len(out) == len(frame)
+    body = decode_response(1, version, out)
+    mapped = [uuid.UUID(bytes=_flip(uuid.UUID(int=t + 1).bytes)) for t in range(6)]
+    assert [t.topic_id for t in body.responses] == mapped
+    expected = decode_response(1, version, frame)
+    assert [[p.records for p in t.partitions] for t in body.responses] == [
+        [p.records for p in t.partitions] for t in expected.responses
+    ]
 
 
 def test_an_unscanned_frame_is_spliced_whole(monkeypatch: pytest.MonkeyPatch) -> None:

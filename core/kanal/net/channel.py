@@ -126,9 +126,9 @@ async def relay(
     frame.
 
     With a ``scan``, the frame's structure is followed as it passes: the bytes it calls opaque
-    (records) are forwarded unread, and the frame's last part (its top-level tagged fields) is kept
-    back until it is whole, then sent as ``finish(tail)`` returns it (the same length: the prefix
-    is already gone).
+    (records) are forwarded unread, the structure goes on as the scan leaves it (topic ids mapped),
+    and the frame's last part (its top-level tagged fields) is kept back until it is whole, then
+    sent as ``finish(tail)`` returns it (the same length: the prefix is already gone).
     """
     prefix = _LEN.pack(size)
     if scan is None:
@@ -137,12 +137,12 @@ async def relay(
         return
     taken = scan.feed(head)
     await out.send_all(prefix + memoryview(head)[:taken])
-    tail = bytearray(memoryview(head)[taken:])
+    kept = head[taken:]  # the tail so far, or the start of a topic id the scan waits to see whole
     received = len(head)
     step = _STRUCTURE_READ
     while received < size:
         left = size - received
-        opaque = min(scan.opaque, left)
+        opaque = 0 if kept and not scan.at_tail else min(scan.opaque, left)
         if opaque >= _FORWARD_FROM:
             await forward(source, out, opaque)
             scan.skip(opaque)
@@ -154,17 +154,21 @@ async def relay(
             raise PeerClosed("connection closed by peer")
         received += len(data)
         if scan.at_tail:
-            tail += data
+            kept += data
             continue
+        if kept:
+            data = kept + data
+        elif scan.maps_ids and not isinstance(data, bytearray):
+            data = bytearray(data)
         taken = scan.feed(data)
         if taken:
             await out.send_all(memoryview(data)[:taken])
-        tail += memoryview(data)[taken:]
+        kept = bytearray(memoryview(data)[taken:])
         step = min(step * 2, READ_SIZE)  # a long run of structure (many partitions): larger reads
     if not scan.at_tail:
         raise InvalidFrame("response frame ends inside its structure")
-    last = finish(tail) if finish is not None else tail
-    assert len(last) == len(tail)
+    last = finish(kept) if finish is not None else kept
+    assert len(last) == len(kept)
     await out.send_all(last)
 
 

@@ -28,7 +28,7 @@ from kanal.pipeline.chain import Pipeline, ResolvedChain
 from kanal.pipeline.core_rules import CoreRules
 from kanal.pipeline.decode import decodes_request, decodes_response
 from kanal.pipeline.dispatch import CloseConnection, Dispatcher, PartitionFailure
-from kanal.pipeline.wire import ResponseFix, WirePath
+from kanal.pipeline.wire import ResponseFix, WirePath, id_map, streams
 from kanal.protocol.api import ApiKey, api_name, request_class, response_class
 from kanal.protocol.api_versions import RecentAnswers
 from kanal.protocol.error_responses import error_response
@@ -180,7 +180,7 @@ class Pending(Slot):
                 size,
                 STREAM_FROM,
                 dedicated=self.dedicated,
-                decoded=self.decode or bool(self.fixes) or conn.gateway.tap is not None,
+                decoded=self.decode or not streams(self.fixes) or conn.gateway.tap is not None,
                 first=conn.session.is_first(self),
             )
             and not conn.writing
@@ -942,13 +942,16 @@ class ClientConnection:
         """Forwards a large response while it arrives (the link's reader calls it when
         :meth:`Pending.can_stream`). Produce and Fetch responses that may carry KIP-951 leader
         hints are scanned on the way, and their last part (where the hints would be) is kept back
-        until it is whole."""
+        until it is whole; a Fetch response's topic ids are mapped on the way when a wire stage
+        asked for it (a virtual cluster's own ids)."""
         set_response_correlation_id(head, pending.client_corr)
         api_key, version = pending.api_key, pending.api_version
         metrics = self.gateway.metrics
+        ids = id_map(pending.fixes)
         try:
             if not scans(api_key, version):
-                await relay(source, self.client, size, head)
+                scan = None if ids is None else ResponseScan(api_key, version, ids)
+                await relay(source, self.client, size, head, scan)
             else:
 
                 def finish(tail: bytearray) -> bytearray:
@@ -967,7 +970,7 @@ class ClientConnection:
                         )
                     return tail
 
-                await relay(source, self.client, size, head, ResponseScan(api_key, version), finish)
+                await relay(source, self.client, size, head, ResponseScan(api_key, version, ids), finish)
         except ProtocolViolation as exc:
             self._closing(exc)
             if self._nursery is not None:

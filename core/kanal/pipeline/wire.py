@@ -21,12 +21,54 @@ from typing import ClassVar, Protocol, runtime_checkable
 from kanal.api.context import Connection
 from kanal.protocol.api import ApiKey
 from kanal.protocol.headers import RequestHeader
-from kanal.protocol.name_spans import RequestNames, request_names
+from kanal.protocol.name_spans import RequestNames, fetch_response_ids, request_names
+from kanal.protocol.scan import IdMap
 
-__all__ = ["ResponseFix", "WirePath", "WireRequest", "WireStage"]
+__all__ = ["ResponseFix", "TopicIdFix", "WirePath", "WireRequest", "WireStage", "id_map", "streams"]
 
 #: Turns the broker's whole response frame into the client's (a stage's response side).
 ResponseFix = Callable[[bytearray], bytearray]
+
+
+class TopicIdFix:
+    """A response fix that only maps a Fetch v13+ response's topic ids. Ids keep their length, so
+    the fix can also be applied while a large response streams (:func:`streams`, :func:`id_map`) instead of
+    holding it whole."""
+
+    __slots__ = ("map_id", "version")
+
+    def __init__(self, version: int, map_id: IdMap) -> None:
+        self.version = version
+        self.map_id = map_id
+
+    def __call__(self, frame: bytearray) -> bytearray:
+        found = fetch_response_ids(frame, self.version)
+        if not found:
+            return frame
+        out = bytearray(frame)  # (a copy: the caller may need the frame as it came)
+        map_id = self.map_id
+        for at in found:
+            out[at : at + 16] = map_id(bytes(out[at : at + 16]))
+        return out
+
+
+def streams(fixes: Sequence[ResponseFix]) -> bool:
+    """Whether a response with these fixes may be forwarded while it arrives (they only map ids)."""
+    return all(isinstance(fix, TopicIdFix) for fix in fixes)
+
+
+def id_map(fixes: Sequence[ResponseFix]) -> IdMap | None:
+    """The one id map that stands for a streamable response's fixes (None: no fixes)."""
+    maps = [fix.map_id for fix in fixes if isinstance(fix, TopicIdFix)]
+    if len(maps) <= 1:
+        return maps[0] if maps else None
+
+    def composed(topic_id: bytes) -> bytes:
+        for map_id in maps:
+            topic_id = map_id(topic_id)
+        return topic_id
+
+    return composed
 
 
 class WireRequest:

@@ -9,20 +9,29 @@ The walk is incremental (:class:`ResponseScan`): it is fed the bytes of a respon
 and says how many of the bytes that follow are opaque (record sets), so a response being forwarded
 while it arrives can pass its records on without reading them, and keep back only its last part,
 the top-level tagged fields, until that part is whole.
+
+The same walk maps the topic ids of a Fetch v13+ response on the way (a virtual cluster's own ids,
+:mod:`kanal.tenancy.topic_ids`): an id keeps its 16 bytes, so it is rewritten in place before its
+bytes go on, and the response streams like any other.
 """
 
 from __future__ import annotations
 
-from collections.abc import Generator
+from collections.abc import Callable, Generator
 
 from kanal.protocol.headers import InvalidHeader, read_uvarint
 
 # A tag no version of Produce or Fetch defines: clients skip unknown tagged fields.
 NEUTRAL_TAG = 0x7F
 
-# A walk yields VARINT to read the next unsigned varint (sent back to it), n < 0 to pass over the
-# next -n bytes unread; it returns when it reaches the top-level tagged fields.
+# A walk yields VARINT to read the next unsigned varint (sent back to it), TOPIC_ID for the next 16
+# bytes (a topic id, mapped when the scan maps ids), n < 0 to pass over the next -n bytes unread; it
+# returns when it reaches the top-level tagged fields.
 VARINT = 0
+TOPIC_ID = 1
+_ID = 16
+#: Maps a topic id's 16 bytes to the client's.
+IdMap = Callable[[bytes], bytes]
 _Walk = Generator[int, int | None, None]
 
 
@@ -51,7 +60,7 @@ def _fetch_walk() -> _Walk:
     topics = yield VARINT
     assert topics is not None
     for _ in range(topics - 1):
-        yield -16  # topic id
+        yield TOPIC_ID
         partitions = yield VARINT
         assert partitions is not None
         for _ in range(partitions - 1):
@@ -98,24 +107,38 @@ def scans(api_key: int, version: int) -> bool:
     return (api_key == 1 and version >= 16) or (api_key == 0 and version >= 10)
 
 
+def maps_ids(api_key: int, version: int) -> bool:
+    """Whether responses of this API version name topics by id (and so can have them mapped)."""
+    return api_key == 1 and version >= 13
+
+
 class ResponseScan:
-    """Walks a Produce v10+ / Fetch v16+ response frame (body without length prefix) as it arrives.
+    """Walks a Produce v10+ / Fetch v16+ response frame (body without length prefix) as it arrives;
+    with ``topic_ids``, a Fetch v13+ response, mapping its topic ids.
 
     Feed it the frame's bytes in order; bytes reported :attr:`opaque` may instead be passed over
     with :meth:`skip`. Once :attr:`at_tail` is set, the rest of the frame is the top-level tagged
     fields, for :func:`node_endpoints_entry`.
     """
 
-    __slots__ = ("_partial", "_walk", "_want", "at_tail", "position")
+    __slots__ = ("_ids", "_partial", "_walk", "_want", "at_tail", "position")
 
-    def __init__(self, api_key: int, version: int) -> None:
-        if not scans(api_key, version):
+    def __init__(self, api_key: int, version: int, topic_ids: IdMap | None = None) -> None:
+        if topic_ids is not None and not maps_ids(api_key, version):
+            raise ValueError(f"api key {api_key} version {version} names no topics by id")
+        if topic_ids is None and not scans(api_key, version):
             raise ValueError(f"api key {api_key} version {version} carries no leader hints")
         self._walk = _fetch_walk() if api_key == 1 else _produce_walk(version)
+        self._ids = topic_ids
         self._partial = bytearray()
         self._want = next(self._walk)
         self.at_tail = False
         self.position = 0  # frame bytes consumed so far
+
+    @property
+    def maps_ids(self) -> bool:
+        """Whether :meth:`feed` rewrites topic ids (it then needs a bytearray)."""
+        return self._ids is not None
 
     @property
     def opaque(self) -> int:
@@ -123,12 +146,26 @@ class ResponseScan:
         return -self._want if self._want < 0 and not self.at_tail else 0
 
     def feed(self, data: bytes | bytearray | memoryview) -> int:
-        """Consumes bytes up to the top-level tagged fields; returns how many of ``data`` it took
-        (all of them unless the tail starts inside ``data``)."""
+        """Consumes bytes up to the top-level tagged fields; returns how many of ``data`` it took:
+        all of them, unless the tail starts inside ``data`` or (when mapping ids) a topic id does
+        not end in it; feed the rest again with the bytes that follow. Topic ids are mapped in
+        ``data`` itself."""
         i, n = 0, len(data)
         partial = self._partial
         while i < n and not self.at_tail:
             want = self._want
+            if want == TOPIC_ID:
+                if self._ids is None:
+                    self._want = -_ID
+                    continue
+                if n - i < _ID:
+                    break
+                if not isinstance(data, bytearray):
+                    raise TypeError("topic ids are mapped in a bytearray")
+                data[i : i + _ID] = self._ids(bytes(data[i : i + _ID]))
+                i += _ID
+                self._resume(None)
+                continue
             if want < 0:
                 k = min(-want, n - i)
                 i += k

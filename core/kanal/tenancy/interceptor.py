@@ -22,11 +22,11 @@ from kanal.api.hookspecs import hookimpl
 from kanal.api.interceptor import Interceptor
 from kanal.api.results import Reject, Respond
 from kanal.api.services import GatewayServices
-from kanal.pipeline.wire import ResponseFix, WireRequest
+from kanal.pipeline.wire import ResponseFix, TopicIdFix, WireRequest
 from kanal.protocol.api import ApiKey, api_name
 from kanal.protocol.headers import response_body_offset, response_correlation_id
 from kanal.protocol.messages import decode_response, encode_response, response_type
-from kanal.protocol.name_spans import fetch_response_ids, produce_response_names, splice
+from kanal.protocol.name_spans import produce_response_names, splice
 from kanal.tenancy.apis import TOPIC_APIS
 from kanal.tenancy.names import VirtualNames
 from kanal.tenancy.rewrite import UNCHANGED, Rewrite, renames_response, to_logical, to_physical
@@ -119,17 +119,7 @@ class VirtualClusterNames(Interceptor):
     def _fetch_fix(self, version: int) -> ResponseFix:
         ids = self.ids
         assert ids is not None
-
-        def fix(frame: bytearray) -> bytearray:
-            found = fetch_response_ids(frame, version)
-            if not found:
-                return frame
-            out = bytearray(frame)  # (a copy: the caller may need the frame as it came)
-            for at in found:
-                out[at : at + 16] = ids.virtual(uuid.UUID(bytes=bytes(out[at : at + 16]))).bytes
-            return out
-
-        return fix
+        return TopicIdFix(version, lambda physical: ids.virtual(uuid.UUID(bytes=physical)).bytes)
 
     def _fix(self, api_key: int, version: int) -> ResponseFix:
         fix = self._fixes.get((api_key, version))
