@@ -107,14 +107,15 @@ class Gateway:
             "kanal-gateway",
             on_metadata=lambda response: self.topic_names.learn(ApiKey.METADATA, response),
         )
+        environ = os.environ if environ is None else environ
         self.core_services = CoreServices(
             settings,
-            os.environ if environ is None else environ,
+            environ,
             self.metrics.registry,
             ResolvingTopicNames(self.topic_names, self.kafka),
             self.kafka,
         )
-        self.pipeline = Pipeline(registry, self.services_for, self._retire)
+        self.pipeline = Pipeline(registry, self.services_for, self._retire, environ)
         self.service_accounts = ServiceAccounts()  # the GatewayServiceAccount resources applied
         self.groups = Groups(on_change=self.pipeline.groups_changed)  # the GatewayGroup resources applied
         self.directory = Directory(self.service_accounts, self.groups)

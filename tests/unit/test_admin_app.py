@@ -245,6 +245,14 @@ def test_dry_mode_validates_without_storing() -> None:
             {"kind": "Interceptor", "metadata": {"name": "x"}, "spec": {"pluginClass": "tagger", "priority": "1"}},
             "priority must be an integer",
         ),
+        (
+            {
+                "kind": "Interceptor",
+                "metadata": {"name": "x"},
+                "spec": {"pluginClass": "tagger", "config": {"tag": "${KANAL_TEST_UNSET}"}},
+            },
+            "config.tag: environment variable KANAL_TEST_UNSET is not set",
+        ),
         ([1, 2], "JSON object"),
     ],
 )

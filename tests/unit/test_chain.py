@@ -390,3 +390,16 @@ def test_interceptors_get_their_plugins_services() -> None:
 
     Pipeline(registry, services_for).configure([spec("a")])
     assert asked == ["test-plugin"]
+
+
+def test_placeholders_in_an_interceptor_config_read_the_gateways_environment() -> None:
+    registry = PluginRegistry()
+    registry.register(Plugin(), "test-plugin")
+    pipeline = Pipeline(registry, lambda plugin: FakeServices(), environ={"TEAM": "blue"})
+    pipeline.configure([spec("a", tag="${TEAM}-${REGION|eu}")])
+    (instance,) = pipeline.instances()
+    assert isinstance(instance, Recorder) and instance.tag == "blue-eu"
+    assert pipeline.specs()[0].config == {"tag": "${TEAM}-${REGION|eu}"}  # the resource keeps the placeholder
+    unset = r"interceptor 'b' \(recorder\): config.tag: environment variable MISSING"
+    with pytest.raises(InterceptorConfigError, match=unset):
+        pipeline.configure([spec("b", tag="${MISSING}")])

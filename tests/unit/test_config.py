@@ -6,8 +6,8 @@ import pytest
 
 from kanal.api import FamilyCheck, Hint, SettingsFamily, hookimpl
 from kanal.api.errors import ConfigError
+from kanal.api.placeholders import expand_placeholders as expand
 from kanal.config.loader import load_settings
-from kanal.config.placeholders import expand
 from kanal.config.settings import KnownSettings, build_settings
 from kanal.config.upstream import parse_jaas
 from kanal.pipeline.registry import PluginRegistry
@@ -253,9 +253,9 @@ def test_yaml_file_with_interceptors(tmp_path: pytest.TempPathFactory) -> None:
     path.write_text(
         "gateway:\n  portStart: ${PORT|7100}\nkafka:\n  bootstrap.servers: ${BROKER}\n"
         "interceptors:\n  - name: inject\n    plugin: header-injection\n    priority: 5\n"
-        "    scope: {username: bob}\n    config: {headers: {a: b}}\n"
+        "    scope: {username: '${USER_NAME}'}\n    config: {headers: {a: '${SECRET}'}}\n"
     )
-    s = load_settings(path, {"BROKER": "k:1"})
+    s = load_settings(path, {"BROKER": "k:1", "USER_NAME": "bob", "SECRET": "${NOT_AGAIN}"})
     assert s.port_start == 7100 and s.upstream.bootstrap_servers == (("k", 1),)
     (spec,) = s.interceptors
     assert (spec.name, spec.plugin, spec.priority, spec.scope.username, spec.config) == (
@@ -263,7 +263,7 @@ def test_yaml_file_with_interceptors(tmp_path: pytest.TempPathFactory) -> None:
         "header-injection",
         5,
         "bob",
-        {"headers": {"a": "b"}},
+        {"headers": {"a": "${SECRET}"}},  # expanded once, when the interceptor is made
     )
 
 

@@ -185,7 +185,7 @@ def interceptor_kind(gateway: GatewayHost) -> ResourceKind:
                 f"interceptor {spec.name!r} with this scope is defined in the gateway's config file; change it there",
             )
         try:
-            check(spec, registry)
+            check(spec, registry, pipeline.environ)
         except InterceptorConfigError as exc:
             raise invalid(str(exc)) from exc
         return canonical

@@ -25,6 +25,7 @@ from kanal.api.errors import ConfigError, InterceptorConfigError, LogError, Upst
 from kanal.api.hookspecs import hookimpl
 from kanal.api.interceptor import Interceptor, InterceptorSpec, Scope
 from kanal.api.parallel import HelperProcess
+from kanal.api.placeholders import expand_placeholders
 from kanal.api.resources import (
     API_VERSION,
     READY,
@@ -158,6 +159,7 @@ __all__ = [
     "encode_batch",
     "encode_varint",
     "envelope",
+    "expand_placeholders",
     "has_field",
     "hookimpl",
     "invalid",

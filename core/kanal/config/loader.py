@@ -10,7 +10,7 @@ from typing import Any
 import yaml
 
 from kanal.api.errors import ConfigError
-from kanal.config.placeholders import expand
+from kanal.api.placeholders import expand_placeholders
 from kanal.config.settings import KnownSettings, Settings, build_settings
 
 _FILE_KEYS = ("gateway.", "kafka.", "interceptors", "config file")
@@ -40,7 +40,8 @@ def load_settings(
             raise ConfigError(str(path), f"invalid YAML: {exc}") from None
         if document is not None and not isinstance(document, Mapping):
             raise ConfigError(str(path), "the config file must hold a mapping at the top level")
-        document = expand(document or {}, environ, "config")
+        document = expand_placeholders(_hold_interceptor_configs(document or {}), environ, "config")
+        document = _restore_interceptor_configs(document)
     try:
         settings = build_settings(environ, document, known)
     except ConfigError as exc:
@@ -55,3 +56,44 @@ def load_settings(
             " (or kafka.bootstrap.servers in the config file)",
         )
     return settings
+
+
+class _Held:
+    """An interceptor's config, kept from the file's expansion (which passes over other objects)."""
+
+    __slots__ = ("config",)
+
+    def __init__(self, config: Any) -> None:
+        self.config = config
+
+
+def _hold_interceptor_configs(document: Mapping[str, Any]) -> dict[str, Any]:
+    """The document with each interceptor's ``config`` out of the expansion's reach: those are
+    expanded when the interceptor is made (with the same environment), as the admin API's are, so a
+    value is never expanded twice."""
+    items = document.get("interceptors")
+    if not isinstance(items, list):
+        return dict(document)
+    held = [{**item, "config": _Held(item["config"])} if _has_config(item) else item for item in items]
+    return {**document, "interceptors": held}
+
+
+def _restore_interceptor_configs(document: dict[str, Any]) -> dict[str, Any]:
+    items = document.get("interceptors")
+    if not isinstance(items, list):
+        return document
+    restored = [
+        {**item, "config": item["config"].config}
+        if isinstance(item, Mapping) and isinstance(item.get("config"), _Held)
+        else item
+        for item in items
+    ]
+    return {**document, "interceptors": restored}
+
+
+def _is_held(item: Any) -> bool:
+    return isinstance(item, Mapping) and isinstance(item.get("config"), _Held)
+
+
+def _has_config(item: Any) -> bool:
+    return isinstance(item, Mapping) and "config" in item

@@ -7,14 +7,17 @@ chain is built; after that the hot path calls bound methods from lists, with no 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+import os
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 import pluggy
 
+from kanal.api.errors import ConfigError
 from kanal.api.hookspecs import PROJECT, InterceptorHooks
 from kanal.api.interceptor import Interceptor, InterceptorConfigError, InterceptorSpec, Scope, validate_config
+from kanal.api.placeholders import expand_placeholders
 from kanal.api.services import GatewayServices
 from kanal.pipeline.registry import PluginRegistry
 from kanal.pipeline.wire import WireStage
@@ -67,22 +70,27 @@ class Configured:
 ServicesFor = Callable[[str], GatewayServices]
 
 
-def check(spec: InterceptorSpec, registry: PluginRegistry) -> tuple[type[Interceptor], Any]:
-    """The type of an interceptor and its validated config, without constructing it (the admin API's
-    validation: a 400 naming the field)."""
+def check(spec: InterceptorSpec, registry: PluginRegistry, environ: Mapping[str, str]) -> tuple[type[Interceptor], Any]:
+    """The type of an interceptor and its validated config, its ``${VAR|default}`` placeholders
+    expanded from ``environ``, without constructing it (the admin API's validation: a 400 naming
+    the field)."""
     cls = registry.interceptor_type(spec.plugin)
     if cls is None:
         known = ", ".join(sorted(registry.interceptor_types())) or "none installed"
         raise InterceptorConfigError(f"interceptor {spec.name!r}: unknown plugin {spec.plugin!r} (known: {known})")
     try:
-        return cls, validate_config(cls, spec.config)
+        return cls, validate_config(cls, expand_placeholders(dict(spec.config), environ, "config"))
+    except ConfigError as exc:
+        raise InterceptorConfigError(f"interceptor {spec.name!r} ({spec.plugin}): {exc.key}: {exc.problem}") from exc
     except InterceptorConfigError as exc:
         raise InterceptorConfigError(f"interceptor {spec.name!r} ({spec.plugin}): {exc}") from exc
 
 
-def instantiate(spec: InterceptorSpec, registry: PluginRegistry, services_for: ServicesFor) -> Configured:
+def instantiate(
+    spec: InterceptorSpec, registry: PluginRegistry, services_for: ServicesFor, environ: Mapping[str, str]
+) -> Configured:
     """Creates one interceptor from its validated config; errors name the interceptor and the problem."""
-    cls, config = check(spec, registry)
+    cls, config = check(spec, registry, environ)
     try:
         instance = cls(config, services_for(registry.plugin_of(cls.plugin_name) or cls.plugin_name))
     except InterceptorConfigError as exc:
@@ -255,8 +263,11 @@ class Pipeline:
         registry: PluginRegistry,
         services_for: ServicesFor,
         retire: Callable[[Interceptor], None] = lambda interceptor: None,
+        environ: Mapping[str, str] | None = None,
     ) -> None:
         self.registry = registry
+        #: What interceptor configs' ``${VAR|default}`` placeholders read (the gateway's environment).
+        self.environ: Mapping[str, str] = os.environ if environ is None else environ
         self.services_for = services_for
         self.retire = retire  # called with each interceptor replaced or removed, to be closed
         self.version = 0
@@ -295,7 +306,7 @@ class Pipeline:
                     configured[key] = kept  # unchanged: keeps what it holds (caches, connections)
                     continue
                 try:
-                    configured[key] = instantiate(spec, self.registry, self.services_for)
+                    configured[key] = instantiate(spec, self.registry, self.services_for, self.environ)
                 except InterceptorConfigError as exc:
                     if failed is None:
                         raise
