@@ -14,7 +14,7 @@ from typing import Any, TypeVar
 import trio
 
 from kanal.api.interceptor import InterceptorSpec
-from kanal.config.settings import build_settings
+from kanal.config.settings import KnownSettings, build_settings
 from kanal.embedded import TansuBroker, free_port_block
 from kanal.gateway import Gateway
 from kanal.pipeline.registry import PluginRegistry
@@ -32,18 +32,17 @@ def inprocess_gateway(
     registry = PluginRegistry()
     for name, plugin in plugins.items():
         registry.register(plugin, name)
-    settings = build_settings(
-        {
-            "KAFKA_BOOTSTRAP_SERVERS": broker.bootstrap,
-            "GATEWAY_BIND_HOST": "127.0.0.1",
-            "GATEWAY_ADVERTISED_HOST": "127.0.0.1",
-            "GATEWAY_PORT_START": str(free_port_block(3)),
-            "GATEWAY_PORT_COUNT": "3",
-            "GATEWAY_MIN_BROKERID": str(broker.node_id),
-            **env,
-        }
-    )
-    gateway = Gateway(settings, registry)
+    environ = {
+        "KAFKA_BOOTSTRAP_SERVERS": broker.bootstrap,
+        "GATEWAY_BIND_HOST": "127.0.0.1",
+        "GATEWAY_ADVERTISED_HOST": "127.0.0.1",
+        "GATEWAY_PORT_START": str(free_port_block(3)),
+        "GATEWAY_PORT_COUNT": "3",
+        "GATEWAY_MIN_BROKERID": str(broker.node_id),
+        **env,
+    }
+    settings = build_settings(environ, known=KnownSettings(registry.declared_settings()))
+    gateway = Gateway(settings, registry, environ)  # (what the plugins' settings read: ``env`` alone)
     gateway.pipeline.configure(interceptors)
     ready = threading.Event()
     stop = threading.Event()

@@ -37,6 +37,7 @@ from kanal.protocol.records import (
     RecordSet,
     encode_batch,
 )
+from kanal.protocol.records.values import record_spans, records_area, write_record
 
 with warnings.catch_warnings():  # kafka-python's import emits importlib.resources deprecations
     warnings.simplefilter("ignore", DeprecationWarning)
@@ -469,6 +470,24 @@ def test_remove_batch() -> None:
     rs = RecordSet.parse(b1 + b2)
     rs.remove(rs.batches[0])
     assert rs.changed() and rs.to_bytes() == b2 and len(rs.batches) == 1
+
+
+def test_replace_batch_with_rewritten_records() -> None:
+    b1 = encode_batch(sample_records(2), base_offset=0, base_timestamp=BASE_TS)
+    b2 = encode_batch(sample_records(2), base_offset=3, base_timestamp=BASE_TS)
+    rs = RecordSet.parse(b1 + b2)
+    first = rs.batches[0]
+    area, start = records_area(first)
+    out = bytearray()
+    for span in record_spans(area, start, first.records_count, len(area)):
+        write_record(out, area, span, b"new")
+    new = rs.replace(first, first.with_records(out, first.records_count))
+    assert rs.batches[0] is new and rs.changed()
+    again = RecordSet.parse(rs.to_bytes())
+    second = [r.value for _, r in RecordSet.parse(b2)]
+    assert [r.value for _, r in again] == [b"new"] * first.records_count + second
+    with pytest.raises(CorruptRecordError):
+        rs.replace(new, b2[:30])
 
 
 def test_compression_setter_rejects_unknown_codec() -> None:

@@ -797,6 +797,17 @@ class RecordSet:
         self._parts.remove(batch)
         self._removed = True
 
+    def replace(self, batch: RecordBatch, data: BytesLike) -> RecordBatch:
+        """Put another batch's wire bytes (e.g. ``batch.with_records(...)``: records rewritten without
+        ``Record`` objects) in place of ``batch``; returns the new batch, which the hooks after this
+        one see. Raises CorruptRecordError when ``data`` is not exactly one batch."""
+        new = RecordBatch.from_bytes(data)
+        at = next(i for i, b in enumerate(self.batches) if b is batch)
+        self.batches[at] = new
+        self._parts[next(i for i, p in enumerate(self._parts) if p is batch)] = new
+        self._removed = True  # (the set changed: to_bytes splices)
+        return new
+
     def to_bytes(self) -> bytes | None:
         """The records blob: the original object when nothing changed; None stays None."""
         data = self._data

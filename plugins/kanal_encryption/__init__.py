@@ -1,0 +1,1 @@
+"""Field and payload encryption of Kafka records, with envelope encryption through a KMS."""

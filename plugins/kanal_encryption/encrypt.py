@@ -1,0 +1,281 @@
+"""Encrypting the records of one produced batch.
+
+One pass over the core's record walk (``record_spans``), the record written from its original bytes
+with the encrypted parts (``write_record`` when only the value changes); the batch is framed again
+by ``RecordBatch.with_records`` (codec and CRC). Data keys come from a :class:`KeySource` (the DEK
+cache): a key id without a template is looked up once per batch, templated ones once per distinct
+key id in the batch, before the pass, so the pass itself never waits.
+"""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import orjson
+
+from kanal.api import RecordBatch, RecordSpan, record_headers, record_spans, records_area, write_record
+
+from .crypto.envelope import EnvelopeError, Sealer, is_envelope, parse
+from .records import SAME, encode_headers, write_parts
+from .targets import VALUE, Target, associated_data
+from .templates import RecordView, TemplateError
+
+__all__ = ["AlreadyEncrypted", "EncryptionFailed", "KeySource", "Plan", "encrypt_batch", "envelope_text"]
+
+
+class EncryptionFailed(Exception):
+    """A record cannot be encrypted as configured (not JSON, a template's part missing): the
+    partition fails, nothing of it is stored."""
+
+
+class AlreadyEncrypted(EncryptionFailed):
+    """A part is already an envelope and the policy is ``fail_on_encrypted``."""
+
+
+class KeySource(Protocol):
+    def sealer_now(self, target: Target, key_id: str, records: int) -> Sealer | None: ...
+
+    async def sealer(self, target: Target, key_id: str, records: int) -> Sealer: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """The targets of one interceptor, by part; ``codec``: compress-then-encrypt for payloads."""
+
+    key_payload: Target | None
+    key_fields: tuple[Target, ...]
+    value_payload: Target | None
+    value_fields: tuple[Target, ...]
+    header_payload: Target | None
+    header_fields: tuple[Target, ...]
+    codec: int
+    skip_encrypted: bool
+
+    @property
+    def targets(self) -> tuple[Target, ...]:
+        one = (self.key_payload, self.value_payload, self.header_payload)
+        return (*self.key_fields, *self.value_fields, *self.header_fields, *(t for t in one if t is not None))
+
+    @property
+    def value_only(self) -> bool:
+        return self.value_payload is not None and self.targets == (self.value_payload,)
+
+
+def envelope_text(envelope: bytes) -> str:
+    """An envelope as a JSON field holds it."""
+    return base64.b64encode(envelope).decode()
+
+
+async def encrypt_batch(plan: Plan, topic: str, batch: RecordBatch, keys: KeySource) -> bytes:
+    """The batch's bytes with its records encrypted. Raises EncryptionFailed, or the KMS's error."""
+    area, start = records_area(batch)
+    count = batch.records_count
+    spans = record_spans(area, start, count, len(area))
+    topic_b = topic.encode()
+    out = bytearray()
+    try:
+        sealers = await _sealers(plan, topic, area, spans, keys)
+        payload = plan.value_payload
+        if plan.value_only and payload is not None and payload.template.constant is not None:
+            _values(plan, topic_b, area, spans, sealers[(payload, payload.template.constant)], out)
+        else:
+            for span in spans:
+                _record(plan, topic, topic_b, area, span, sealers, out)
+    except TemplateError as exc:
+        raise EncryptionFailed(f"a key id cannot be made for a record: {exc}") from None
+    return batch.with_records(out, count)
+
+
+async def _sealers(
+    plan: Plan, topic: str, area: bytes, spans: Sequence[RecordSpan], keys: KeySource
+) -> dict[tuple[Target, str], Sealer]:
+    """A sealer per (target, key id) the batch needs, each reserving as many seals as records."""
+    wanted: dict[tuple[Target, str], int] = {}
+    for target in plan.targets:
+        constant = target.template.constant
+        if constant is not None:
+            wanted[(target, constant)] = len(spans)
+            continue
+        for span in spans:
+            key_id = target.template.render(_view(topic, area, span, target))
+            wanted[(target, key_id)] = wanted.get((target, key_id), 0) + 1
+    sealers = {}
+    for (target, key_id), records in wanted.items():
+        sealer = keys.sealer_now(target, key_id, records)
+        sealers[(target, key_id)] = sealer if sealer is not None else await keys.sealer(target, key_id, records)
+    return sealers
+
+
+def _view(topic: str, area: bytes, span: RecordSpan, target: Target) -> RecordView:
+    """What ``target``'s template reads of a record (the value parsed only when it reads fields)."""
+    template = target.template
+    key = None if span[6] < 0 else area[span[6] : span[7]]
+    headers: dict[str, bytes | None] = {}
+    if template.headers:
+        headers = {k.decode("utf-8", "replace"): v for k, v in record_headers(area, span[9], span[2])}
+    value = None
+    if template.value_paths:
+        raw = None if span[8] < 0 else area[span[8] : span[9]]
+        try:
+            value = None if raw is None else orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            raise EncryptionFailed(f"key id {template.text!r} reads the value, which is not JSON") from None
+    return RecordView(topic, key, headers, value)
+
+
+def _values(plan: Plan, topic: bytes, area: bytes, spans: Sequence[RecordSpan], sealer: Sealer, out: bytearray) -> None:
+    """The hot case: whole values under one key, each record written by the compiled walk."""
+    seal, codec, skip = sealer.seal, plan.codec, plan.skip_encrypted
+    label = b"kanal\x00" + topic + b"\x00" + VALUE.encode()
+    no_key = label + b"\x00"
+    keyed = label + b"\x01"
+    for span in spans:
+        at, end = span[8], span[9]
+        if at < 0:  # a tombstone stays one
+            out += area[span[0] : span[2]]
+            continue
+        value = area[at:end]
+        if _encrypted(value):
+            if skip:
+                out += area[span[0] : span[2]]
+                continue
+            raise AlreadyEncrypted("the record's value is already encrypted")
+        aad = no_key if span[6] < 0 else keyed + area[span[6] : span[7]]
+        write_record(out, area, span, seal(value, aad, codec))
+
+
+def _record(
+    plan: Plan,
+    topic: str,
+    topic_b: bytes,
+    area: bytes,
+    span: RecordSpan,
+    sealers: dict[tuple[Target, str], Sealer],
+    out: bytearray,
+) -> None:
+    """One record, any targets: the key first (the others are bound to the key as stored)."""
+    key = None if span[6] < 0 else area[span[6] : span[7]]
+    value = None if span[8] < 0 else area[span[8] : span[9]]
+    new_key: Any = SAME
+    if key is not None and (plan.key_payload is not None or plan.key_fields):
+        stored = _part(plan, topic, topic_b, area, span, key, None, plan.key_payload, plan.key_fields, sealers)
+        if stored is not None:
+            new_key = key = stored
+    new_value: Any = SAME
+    if value is not None and (plan.value_payload is not None or plan.value_fields):
+        stored = _part(plan, topic, topic_b, area, span, value, key, plan.value_payload, plan.value_fields, sealers)
+        if stored is not None:
+            new_value = stored
+    headers: Any = SAME
+    if plan.header_payload is not None or plan.header_fields:
+        headers = _headers(plan, topic, topic_b, area, span, key, sealers)
+    if headers is SAME and new_key is SAME:
+        if new_value is SAME:
+            out += area[span[0] : span[2]]
+        else:
+            write_record(out, area, span, new_value)
+    else:
+        write_parts(out, area, span, new_key, new_value, headers)
+
+
+def _sealer(
+    target: Target, topic: str, area: bytes, span: RecordSpan, sealers: dict[tuple[Target, str], Sealer]
+) -> Sealer:
+    constant = target.template.constant
+    key_id = constant if constant is not None else target.template.render(_view(topic, area, span, target))
+    return sealers[(target, key_id)]
+
+
+def _part(
+    plan: Plan,
+    topic: str,
+    topic_b: bytes,
+    area: bytes,
+    span: RecordSpan,
+    data: bytes,
+    identity: bytes | None,
+    payload: Target | None,
+    fields: Sequence[Target],
+    sealers: dict[tuple[Target, str], Sealer],
+) -> bytes | None:
+    """The part (key or value) as stored, or None when it stays as it is."""
+    if payload is not None:
+        if _encrypted(data):
+            if plan.skip_encrypted:
+                return None
+            raise AlreadyEncrypted(f"the record's {payload.part} is already encrypted")
+        aad = associated_data(topic_b, payload.label, identity)
+        return _sealer(payload, topic, area, span, sealers).seal(data, aad, plan.codec)
+    try:
+        document = orjson.loads(data)
+    except orjson.JSONDecodeError:
+        raise EncryptionFailed(f"the record's {fields[0].part} is not JSON: its fields cannot be encrypted") from None
+    changed = False
+    for target in fields:
+        assert target.path is not None
+        found, field = target.path.get(document)
+        if not found:
+            continue  # a record without the field has nothing to hide there
+        if isinstance(field, str) and _is_envelope_text(field):
+            if plan.skip_encrypted:
+                continue
+            raise AlreadyEncrypted(f"the field {target.path.text!r} is already encrypted")
+        aad = associated_data(topic_b, target.label, identity)
+        sealed = _sealer(target, topic, area, span, sealers).seal(orjson.dumps(field), aad, 0)
+        target.path.set(document, envelope_text(sealed))
+        changed = True
+    return orjson.dumps(document) if changed else None
+
+
+def _headers(
+    plan: Plan,
+    topic: str,
+    topic_b: bytes,
+    area: bytes,
+    span: RecordSpan,
+    identity: bytes | None,
+    sealers: dict[tuple[Target, str], Sealer],
+) -> Any:
+    """The header section with the matching headers encrypted, or SAME."""
+    headers = record_headers(area, span[9], span[2])
+    named = {t.label[len(b"header:") :]: t for t in plan.header_fields}
+    payload = plan.header_payload
+    changed = False
+    result = []
+    for name, value in headers:
+        target = named.get(name)
+        pattern = payload.header if payload is not None else None
+        if target is None and pattern is not None and pattern.fullmatch(name.decode("utf-8", "replace")):
+            target = payload
+        if target is None or value is None:
+            result.append((name, value))
+            continue
+        if _encrypted(value):
+            if plan.skip_encrypted:
+                result.append((name, value))
+                continue
+            raise AlreadyEncrypted(f"the header {name.decode('utf-8', 'replace')!r} is already encrypted")
+        aad = associated_data(topic_b, b"header:" + name, identity)
+        result.append((name, _sealer(target, topic, area, span, sealers).seal(value, aad, 0)))
+        changed = True
+    return encode_headers(result) if changed else SAME
+
+
+def _encrypted(data: bytes) -> bool:
+    """Whether a part already holds an envelope (clear bytes may begin with the magic too)."""
+    if not is_envelope(data):
+        return False
+    try:
+        return parse(data) is not None
+    except EnvelopeError:
+        return False
+
+
+def _is_envelope_text(text: str) -> bool:
+    try:
+        return _encrypted(base64.b64decode(text, validate=True))
+    except ValueError:
+        return False

@@ -1,0 +1,220 @@
+"""The ``encryption`` (on produce) and ``decryption`` (on fetch) interceptor types.
+
+Encryption is usually global (every producer's data encrypted), decryption scoped to the principals,
+groups or virtual clusters allowed to read clear text: the others read ciphertext. Each interceptor
+keeps its own data keys (:class:`~kanal_encryption.crypto.deks.DekManager`) and KMS clients, closed
+when it is replaced or deleted.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from kanal.api import (
+    ErrorCode,
+    GatewayServices,
+    Interceptor,
+    InterceptorConfigError,
+    PartitionError,
+    RecordsContext,
+    RecordsResult,
+    hookimpl,
+)
+
+from .compile import compile_plan, topic_pattern
+from .config import DecryptionConfig, EncryptionConfig
+from .crypto.deks import DekManager
+from .crypto.envelope import Envelope, Opener, Sealer
+from .decrypt import DecryptionFailed, Selection, decrypt_batch
+from .encrypt import EncryptionFailed, encrypt_batch
+from .keys import Locator
+from .kms.base import Kms, KmsError
+from .kms.factory import KmsPool
+from .kms.inline import DEFAULT_KEY_TTL_MS, InlineKmsConfig, parse_kms_config
+from .runtime import runtime_of
+from .targets import Target
+
+__all__ = ["DecryptionInterceptor", "EncryptionInterceptor"]
+
+log = logging.getLogger("kanal_encryption")
+AUDIT_TYPE = "ENCRYPTION"
+
+
+class _Keys:
+    """The KMS side of one interceptor: its locator, data keys and clients."""
+
+    def __init__(
+        self, services: GatewayServices, connection: str | None, kms_config: dict[str, Any] | None, max_records: int
+    ) -> None:
+        self.metrics = runtime_of(services).metrics
+        inline: InlineKmsConfig | None = None if kms_config is None else parse_kms_config(kms_config)
+        if connection is None and inline is None:
+            raise InterceptorConfigError("set kmsConnectionName (a KMS external connection) or a kmsConfig block")
+        self.pool = KmsPool()
+        self.locator = Locator(runtime_of(services).connections, self.pool, connection, inline)
+        ttl = inline.key_ttl_ms if inline is not None else DEFAULT_KEY_TTL_MS
+        self.deks = DekManager(key_ttl_ms=ttl, max_records=max_records, observe=self._observed)
+
+    def _observed(self, operation: str, kind: str, seconds: float, succeeded: bool) -> None:
+        self.metrics.kms_calls.labels(kind, operation, "ok" if succeeded else "error").inc()
+        self.metrics.kms_seconds.labels(kind, operation).observe(seconds)
+
+    async def aclose(self) -> None:
+        await self.pool.aclose()
+
+
+class EncryptionInterceptor(Interceptor):
+    """Encrypts the configured parts of the records produced to matching topics."""
+
+    plugin_name = "encryption"
+    description = "Encrypts record values, keys, headers or JSON fields on produce (envelope encryption, a KMS)"
+    config_type = EncryptionConfig
+
+    def __init__(self, config: EncryptionConfig, services: GatewayServices) -> None:
+        super().__init__(config, services)
+        self._topic = topic_pattern(config.topic)
+        self._keys = _Keys(services, config.kms_connection_name, config.kms_config, config.max_encryptions_per_dek)
+        self._plan = compile_plan(config, self._keys.locator)
+        self._wanted: dict[str, bool] = {}
+
+    def wants_produce_records(self, topic: str) -> bool:
+        wanted = self._wanted.get(topic)
+        if wanted is None:
+            if len(self._wanted) > 10_000:
+                self._wanted.clear()
+            wanted = self._wanted[topic] = self._topic.fullmatch(topic) is not None
+        return wanted
+
+    @hookimpl
+    async def kanal_produce_records(self, ctx: RecordsContext) -> RecordsResult:
+        if not self.wants_produce_records(ctx.topic):
+            return None
+        records = ctx.records
+        if records.has_legacy:
+            return self._failed(ctx, "message format v0/v1 records cannot be encrypted", retriable=False)
+        encrypted = 0
+        for batch in list(records.batches):
+            if batch.is_control:
+                continue
+            try:
+                data = await encrypt_batch(self._plan, ctx.topic, batch, self)
+            except KmsError as exc:
+                return self._failed(ctx, f"the KMS failed: {exc}", retriable=exc.retriable)
+            except EncryptionFailed as exc:
+                return self._failed(ctx, str(exc), retriable=False)
+            except ValueError as exc:  # a key id that is not a key name; a record that does not parse
+                return self._failed(ctx, str(exc), retriable=False)
+            records.replace(batch, data)
+            encrypted += batch.records_count
+        self._keys.metrics.encrypted.labels(self.plugin_name).inc(encrypted)
+        return None
+
+    # -- KeySource (encrypt.py)
+
+    def sealer_now(self, target: Target, key_id: str, records: int) -> Sealer | None:
+        where = self._keys.locator.locate(key_id)
+        sealer = self._keys.deks.sealer_now(where.kms, where.key_id, target.algorithm, records, key_ref=where.key_ref)
+        self._keys.metrics.dek_cache.labels("encrypt", "hit" if sealer is not None else "miss").inc()
+        return sealer
+
+    async def sealer(self, target: Target, key_id: str, records: int) -> Sealer:
+        where = self._keys.locator.locate(key_id)
+        return await self._keys.deks.sealer(where.kms, where.key_id, target.algorithm, records, key_ref=where.key_ref)
+
+    def _failed(self, ctx: RecordsContext, reason: str, *, retriable: bool) -> PartitionError:
+        """The partition fails (nothing of it is stored): retriable while the KMS is away, so the
+        producer's library retries and recovers when it is back."""
+        self._keys.metrics.failures.labels(self.plugin_name, "encrypt").inc()
+        if self.config.enable_audit_log_on_error:
+            self.services.audit(
+                AUDIT_TYPE,
+                ctx.connection,
+                {"operation": "encrypt", "topic": ctx.topic, "partition": ctx.partition, "reason": reason},
+            )
+        log.warning("encryption failed for %s-%d: %s", ctx.topic, ctx.partition, reason)
+        code = ErrorCode.request_timed_out if retriable else ErrorCode.invalid_record
+        return PartitionError(int(code), f"encryption failed: {reason}")
+
+    async def aclose(self) -> None:
+        await self._keys.aclose()
+
+
+class DecryptionInterceptor(Interceptor):
+    """Decrypts what it can of the records fetched from matching topics."""
+
+    plugin_name = "decryption"
+    description = "Decrypts encrypted record parts on fetch, for the clients in its scope"
+    config_type = DecryptionConfig
+
+    def __init__(self, config: DecryptionConfig, services: GatewayServices) -> None:
+        super().__init__(config, services)
+        self._topic = topic_pattern(config.topic)
+        self._keys = _Keys(services, config.kms_connection_name, config.kms_config, 1)
+        self._selection = Selection(
+            value=_names(config.record_value_fields),
+            key=_names(config.record_key_fields),
+            headers=_names(config.record_header_fields),
+            fail_fetch=config.error_policy == "fail_fetch",
+        )
+        self._found: dict[str, tuple[Kms, str]] = {}
+
+    @hookimpl
+    async def kanal_fetch_records(self, ctx: RecordsContext) -> RecordsResult:
+        if self._topic.fullmatch(ctx.topic) is None or ctx.records.has_legacy:
+            return None
+        decrypted = 0
+
+        def failed(label: str, error: Exception) -> None:
+            self._report(ctx, f"{label}: {error}")
+
+        for batch in list(ctx.records.batches):
+            if batch.is_control:
+                continue
+            try:
+                data, count = await decrypt_batch(self._selection, ctx.topic, batch, self, failed)
+            except DecryptionFailed as exc:
+                self._report(ctx, str(exc))
+                return PartitionError(int(ErrorCode.resource_not_found), f"decryption failed: {exc}")
+            if data is not None:
+                ctx.records.replace(batch, data)
+                decrypted += count
+        if decrypted:
+            self._keys.metrics.decrypted.labels(self.plugin_name).inc(decrypted)
+        return None
+
+    # -- OpenerSource (decrypt.py)
+
+    def _find(self, envelope: Envelope) -> tuple[Kms, str]:
+        found = self._found.get(envelope.key_ref)
+        if found is None:
+            if len(self._found) > 100_000:
+                self._found.clear()
+            found = self._found[envelope.key_ref] = self._keys.locator.find(envelope.key_ref)
+        return found
+
+    def opener_now(self, envelope: Envelope) -> Opener | None:
+        kms, key_id = self._find(envelope)
+        opener = self._keys.deks.opener_now(kms, key_id, envelope.edek)
+        self._keys.metrics.dek_cache.labels("decrypt", "hit" if opener is not None else "miss").inc()
+        return opener
+
+    async def opener(self, envelope: Envelope) -> Opener:
+        kms, key_id = self._find(envelope)
+        return await self._keys.deks.opener(kms, key_id, envelope.edek)
+
+    def _report(self, ctx: RecordsContext, reason: str) -> None:
+        self._keys.metrics.failures.labels(self.plugin_name, "decrypt").inc()
+        if self.config.enable_audit_log_on_error:
+            self.services.audit(
+                AUDIT_TYPE,
+                ctx.connection,
+                {"operation": "decrypt", "topic": ctx.topic, "partition": ctx.partition, "reason": reason},
+            )
+
+    async def aclose(self) -> None:
+        await self._keys.aclose()
+
+
+def _names(fields: list[str] | None) -> frozenset[str] | None:
+    return None if not fields else frozenset(fields)

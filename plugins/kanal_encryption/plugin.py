@@ -1,0 +1,45 @@
+"""The ``encryption`` plugin object (entry point ``encryption = "kanal_encryption.plugin"``).
+
+Public plugin API only (``kanal.api``):
+
+* ``kanal_interceptor_types``: the ``encryption``, ``decryption`` and ``masking`` interceptor types;
+* ``kanal_settings``: the family ``GATEWAY_EXTERNAL_CONNECTION_*`` for its KMS connections (types
+  VAULT, AWS_KMS, AZURE_KEY_VAULT, GCP_KMS), checked at startup;
+* ``kanal_gateway_services``: reaches each KMS connection once at startup and reports the ones that
+  do not answer (not fatal).
+"""
+
+from __future__ import annotations
+
+import trio
+
+from kanal.api import GatewayServices, Interceptor, Service, SettingsFamily, hookimpl
+
+from .interceptors import DecryptionInterceptor, EncryptionInterceptor
+from .kms.connections import PREFIX, check_kms_connections
+from .masking import MaskingInterceptor
+from .runtime import check_connections, runtime_of
+
+__all__ = ["kanal_gateway_services", "kanal_interceptor_types", "kanal_settings"]
+
+
+@hookimpl
+def kanal_interceptor_types() -> list[type[Interceptor]]:
+    return [EncryptionInterceptor, DecryptionInterceptor, MaskingInterceptor]
+
+
+@hookimpl
+def kanal_settings() -> list[str | SettingsFamily]:
+    return [SettingsFamily(PREFIX, check_kms_connections)]
+
+
+@hookimpl
+def kanal_gateway_services(services: GatewayServices) -> list[Service]:
+    if not runtime_of(services).connections:
+        return []
+
+    async def report_kms(*, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        task_status.started()
+        await check_connections(services)
+
+    return [report_kms]

@@ -1,0 +1,62 @@
+"""Writing a record with a new key, value or headers, from the walked bytes of the original.
+
+The core's ``write_record`` replaces a record's value (compiled, the common case); a record whose
+key or headers change too is written here from its span: its attributes and deltas copied, the rest
+encoded anew.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from kanal.api import RecordSpan, encode_varint
+
+__all__ = ["SAME", "encode_headers", "write_parts"]
+
+_NULL = encode_varint(-1)
+
+
+class _Same:
+    """Keep the original part."""
+
+    __slots__ = ()
+
+
+SAME = _Same()
+
+
+def _part(value: bytes | None) -> bytes:
+    return _NULL if value is None else encode_varint(len(value)) + value
+
+
+def encode_headers(headers: Sequence[tuple[bytes, bytes | None]]) -> bytes:
+    """A record's header section: the count, then each key and value (None: null)."""
+    out = bytearray(encode_varint(len(headers)))
+    for key, value in headers:
+        out += encode_varint(len(key))
+        out += key
+        out += _part(value)
+    return bytes(out)
+
+
+def write_parts(
+    out: bytearray,
+    b: bytes,
+    span: RecordSpan,
+    key: bytes | _Same | None = SAME,
+    value: bytes | _Same | None = SAME,
+    headers: bytes | _Same = SAME,
+) -> None:
+    """Appends the record of ``span`` with the parts given replaced (``headers``: a whole header
+    section, from :func:`encode_headers`)."""
+    body, end, key_at, key_end, value_end = span[1], span[2], span[6], span[7], span[9]
+    key_length_at = key_end - 1 if key_at < 0 else key_at - len(encode_varint(key_end - key_at))
+    head = b[body:key_length_at]  # attributes, timestamp delta, offset delta
+    key_part = b[key_length_at:key_end] if isinstance(key, _Same) else _part(key)
+    value_part = b[key_end:value_end] if isinstance(value, _Same) else _part(value)  # (its length starts at key_end)
+    header_part = b[value_end:end] if isinstance(headers, _Same) else headers
+    out += encode_varint(len(head) + len(key_part) + len(value_part) + len(header_part))
+    out += head
+    out += key_part
+    out += value_part
+    out += header_part
