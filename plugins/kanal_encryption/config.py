@@ -26,6 +26,7 @@ __all__ = [
     "DecryptionConfig",
     "EncryptionConfig",
     "FieldSpec",
+    "GatewayBlock",
     "HeaderSpec",
     "KeySpec",
     "MaskingConfig",
@@ -65,10 +66,23 @@ class HeaderSpec(msgspec.Struct, forbid_unknown_fields=True, rename="camel"):
     fields: list[FieldSpec] | None = None
 
 
+class GatewayBlock(msgspec.Struct, forbid_unknown_fields=True, rename="camel"):
+    """The gateway KMS (crypto shredding), beside ``kmsConnectionName``: the gateway makes one key
+    per key id (a field's ``keyId``, templates rendered), wraps it with ``masterKeyId`` of the
+    connection and keeps it in its keys topic; deleting a key id there shreds what it encrypted."""
+
+    #: The connection's key (a bare keyId, no template) wrapping the gateway's keys.
+    master_key_id: str
+    #: Unwrapped gateway keys kept in memory per interceptor (least recently used dropped).
+    max_keys: int = 1_000_000
+
+
 class EncryptionConfig(msgspec.Struct, forbid_unknown_fields=True, rename="camel"):
     topic: str = ".*"
     kms_connection_name: str | None = None
     kms_config: dict[str, Any] | None = None
+    #: The gateway KMS: fields' keyIds are then the gateway's keys, wrapped by the connection's master key.
+    gateway: GatewayBlock | None = None
     record_value: PartSpec | None = None
     record_key: PartSpec | None = None
     record_header: HeaderSpec | None = None
@@ -85,10 +99,16 @@ class DecryptionConfig(msgspec.Struct, forbid_unknown_fields=True, rename="camel
     topic: str = ".*"
     kms_connection_name: str | None = None
     kms_config: dict[str, Any] | None = None
+    #: The gateway KMS (the same block as the encryption's) to read ``gateway-kms://`` keys.
+    gateway: GatewayBlock | None = None
     #: Only these fields (JSON paths; ``payload`` for the whole value); none listed: every encrypted one.
     record_value_fields: list[str] | None = None
     record_key_fields: list[str] | None = None
     record_header_fields: list[str] | None = None
+    #: Tokenized fields (a Transform connection): the same ``fields`` lists as the encryption's,
+    #: each with its role (a token looks like data: it is found by its field, not by itself).
+    record_value: PartSpec | None = None
+    record_key: PartSpec | None = None
     error_policy: Literal["return_encrypted", "fail_fetch"] = "return_encrypted"
     enable_audit_log_on_error: bool = True
 

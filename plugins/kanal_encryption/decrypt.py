@@ -5,11 +5,16 @@ base64 text, whose first characters are fixed too), so the decrypter needs no re
 encrypted: every envelope it may open, or only the fields listed. A part that does not decrypt
 (its key shredded, the KMS down, bytes tampered with) is left as stored, or fails the fetch, as
 the policy says.
+
+The pass over the records is synchronous: the batch's data keys are looked up once each (a batch
+mostly shares one), and a key not yet unwrapped stops the pass at that record, which is retried
+once the KMS has answered. So the per-record cost is parse, decrypt and write, nothing more.
 """
 
 from __future__ import annotations
 
-import base64
+import binascii
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -19,14 +24,17 @@ import orjson
 from kanal.api import RecordBatch, RecordSpan, record_headers, record_spans, records_area, write_record
 
 from .crypto.ciphers import DecryptError
+from .crypto.compression import decompress
 from .crypto.envelope import MAGIC, TEXT_MAGIC, Envelope, Opener, parse
 from .kms.base import KmsError
+from .paths import FieldPath, parse_path
 from .records import SAME, encode_headers, write_parts
-from .targets import KEY, VALUE, associated_data
+from .targets import KEY, VALUE, associated_data, path_label
 
 __all__ = ["DecryptionFailed", "OpenerSource", "Selection", "decrypt_batch"]
 
 _TEXT_MAGIC = TEXT_MAGIC.encode()  # how a base64 envelope in a JSON field starts
+PAYLOAD = "payload"
 
 
 class DecryptionFailed(Exception):
@@ -41,43 +49,63 @@ class OpenerSource(Protocol):
 
 @dataclass(frozen=True, slots=True)
 class Selection:
-    """What to decrypt; None: every envelope of that part (``payload`` names the whole part)."""
+    """What to decrypt per part: None every envelope, else the names listed (``payload``: the
+    whole part; JSON field paths; header names)."""
 
     value: frozenset[str] | None = None
     key: frozenset[str] | None = None
     headers: frozenset[str] | None = None
     fail_fetch: bool = False
 
-    def wants(self, names: frozenset[str] | None, name: str) -> bool:
-        return names is None or name in names
+    def fields(self, part: str) -> tuple[FieldPath, ...] | None:
+        """The listed fields of a part as paths (None: every envelope in it). Raises PathError."""
+        names = self.value if part == VALUE else self.key
+        return None if names is None else _paths(names)
+
+
+@functools.cache
+def _paths(names: frozenset[str]) -> tuple[FieldPath, ...]:
+    return tuple(parse_path(n) for n in sorted(names) if n != PAYLOAD)
 
 
 #: Called for each part left encrypted (the part's label, the reason): audit and metrics.
 OnFailure = Callable[[str, Exception], None]
 
 
+class _Missing(Exception):
+    """The data key of an envelope is not at hand: the KMS must be asked (outside the pass)."""
+
+    def __init__(self, envelope: Envelope) -> None:
+        self.envelope = envelope
+
+
 async def decrypt_batch(
     selection: Selection, topic: str, batch: RecordBatch, openers: OpenerSource, failed: OnFailure
 ) -> tuple[bytes | None, int]:
-    """The batch's bytes with what it may decrypt in clear (None: nothing was encrypted), and how
+    """The batch's bytes with what it may decrypt in clear (None: nothing was decrypted), and how
     many parts were decrypted. Raises DecryptionFailed (``fail_fetch``)."""
     area, start = records_area(batch)
     count = batch.records_count
     spans = record_spans(area, start, count, len(area))
-    topic_b = topic.encode()
+    opening = _Opening(selection, topic.encode(), openers, failed)
     out = bytearray()
-    decrypted = 0
-    opener = _Opening(selection, topic_b, openers, failed)
-    for span in spans:
-        await _record(opener, area, span, out)
-    decrypted = opener.count
-    return (batch.with_records(out, count) if decrypted else None), decrypted
+    i = 0
+    while i < len(spans):
+        mark = len(out)
+        try:
+            _record(opening, area, spans[i], out)
+        except _Missing as missing:
+            del out[mark:]
+            await opening.fetch(missing.envelope)
+            continue  # the same record again, its key at hand (or known to be unusable)
+        i += 1
+    return (batch.with_records(out, count) if opening.count else None), opening.count
 
 
 class _Opening:
-    """Opens the envelopes of one batch, counting them and applying the failure policy."""
+    """Opens the envelopes of one batch: its data keys, what it decrypted, the failure policy."""
 
-    __slots__ = ("count", "failed", "openers", "selection", "topic")
+    __slots__ = ("broken", "count", "failed", "fast", "keys", "openers", "paths", "selection", "topic")
 
     def __init__(self, selection: Selection, topic: bytes, openers: OpenerSource, failed: OnFailure) -> None:
         self.selection = selection
@@ -85,43 +113,88 @@ class _Opening:
         self.openers = openers
         self.failed = failed
         self.count = 0
+        self.keys: dict[tuple[str, bytes], Opener] = {}
+        self.broken: dict[tuple[str, bytes], Exception] = {}  # keys the KMS refused in this batch
+        self.paths = {VALUE: selection.fields(VALUE), KEY: selection.fields(KEY)}
+        #: The last envelope header opened, where its nonce ends, its AEAD and codec: the records of
+        #: a batch mostly share one, and then only the nonce and ciphertext need cutting out.
+        self.fast: tuple[bytes, int, Callable[[bytes, bytes, bytes], bytes], int] | None = None
 
-    async def open(self, data: bytes, label: bytes, identity: bytes | None) -> bytes | None:
-        """The clear bytes of an envelope, or None when ``data`` is not one or stays encrypted."""
+    def open(self, data: bytes, label: bytes, identity: bytes | None) -> bytes | None:
+        """The clear bytes of an envelope, or None when ``data`` is not one or stays encrypted.
+        Raises _Missing when its key must first be fetched."""
+        fast = self.fast
+        if fast is not None and data.startswith(fast[0]):  # the header of the last one: no parse
+            head, nonce_end, decrypt, codec = fast
+            try:
+                clear = decrypt(
+                    data[len(head) : nonce_end], data[nonce_end:], head + associated_data(self.topic, label, identity)
+                )
+                if codec:
+                    clear = _decompress(codec, clear)
+            except DecryptError as exc:
+                self._refused(label, exc)
+                return None
+            self.count += 1
+            return clear
         try:
             envelope = parse(data)
             if envelope is None:
                 return None
-            opener = self.openers.opener_now(envelope)
+            key = (envelope.key_ref, envelope.edek)
+            opener = self.keys.get(key)
             if opener is None:
-                opener = await self.openers.opener(envelope)
+                error = self.broken.get(key)
+                if error is not None:
+                    raise error
+                opener = self.openers.opener_now(envelope)
+                if opener is None:
+                    raise _Missing(envelope)
+                self.keys[key] = opener
             clear = opener.open(envelope, associated_data(self.topic, label, identity))
+            head = envelope.header
+            cipher = opener.cipher_for(envelope.algorithm)
+            self.fast = (head, len(head) + envelope.algorithm.nonce_size, cipher.decrypt, envelope.codec)
+        except _Missing:
+            raise
         except (ValueError, DecryptError, KmsError) as exc:  # (EnvelopeError, a key this gateway cannot reach)
-            if self.selection.fail_fetch:
-                raise DecryptionFailed(f"{label.decode('utf-8', 'replace')}: {exc}") from exc
-            self.failed(label.decode("utf-8", "replace"), exc)
+            self._refused(label, exc)
             return None
         self.count += 1
         return clear
 
+    def _refused(self, label: bytes, exc: Exception) -> None:
+        """A part that does not decrypt: the fetch fails, or the part stays as stored (reported)."""
+        if self.selection.fail_fetch:
+            raise DecryptionFailed(f"{label.decode('utf-8', 'replace')}: {exc}") from exc
+        self.failed(label.decode("utf-8", "replace"), exc)
 
-async def _record(opening: _Opening, area: bytes, span: RecordSpan, out: bytearray) -> None:
+    async def fetch(self, envelope: Envelope) -> None:
+        """Asks the KMS for an envelope's data key; a refusal is kept for the rest of the batch."""
+        key = (envelope.key_ref, envelope.edek)
+        try:
+            self.keys[key] = await self.openers.opener(envelope)
+        except (ValueError, KmsError) as exc:
+            self.broken[key] = exc
+
+
+def _record(opening: _Opening, area: bytes, span: RecordSpan, out: bytearray) -> None:
     selection = opening.selection
     key = None if span[6] < 0 else area[span[6] : span[7]]
     value = None if span[8] < 0 else area[span[8] : span[9]]
     new_key: Any = SAME
     if key is not None and selection.key != frozenset():
-        clear = await _part(opening, KEY, key, None, selection.key)
+        clear = _part(opening, KEY, key, None, selection.key)
         if clear is not None:
             new_key = clear
     new_value: Any = SAME
     if value is not None and selection.value != frozenset():
-        clear = await _part(opening, VALUE, value, key, selection.value)
+        clear = _part(opening, VALUE, value, key, selection.value)
         if clear is not None:
             new_value = clear
     headers: Any = SAME
     if span[10] and selection.headers != frozenset():
-        headers = await _headers(opening, area, span, key)
+        headers = _headers(opening, area, span, key)
     if headers is SAME and new_key is SAME:
         if new_value is SAME:
             out += area[span[0] : span[2]]
@@ -131,62 +204,83 @@ async def _record(opening: _Opening, area: bytes, span: RecordSpan, out: bytearr
         write_parts(out, area, span, new_key, new_value, headers)
 
 
-async def _part(
+def _part(
     opening: _Opening, part: str, data: bytes, identity: bytes | None, names: frozenset[str] | None
 ) -> bytes | None:
     """The part in clear (whole, or with its fields), or None when it stays as stored."""
-    if data.startswith(MAGIC):
-        if names is not None and "payload" not in names:
+    if data[:3] == MAGIC:
+        if names is not None and PAYLOAD not in names:
             return None
-        return await opening.open(data, part.encode(), identity)
+        return opening.open(data, part.encode(), identity)
     if _TEXT_MAGIC not in data:
         return None  # no field can hold an envelope: not parsed
     try:
         document = orjson.loads(data)
     except orjson.JSONDecodeError:
         return None
-    changed = await _fields(opening, document, part, identity, names)
+    paths = opening.paths[part]
+    if paths is None:
+        changed = _every_field(opening, document, part, identity)
+    else:
+        changed = False
+        for path in paths:
+            found, field = path.get(document)
+            if found and isinstance(field, str) and field.startswith(TEXT_MAGIC):
+                clear = _field(opening, field, path_label(part, path), identity)
+                if clear is not _KEEP:
+                    path.set(document, clear)
+                    changed = True
     return orjson.dumps(document) if changed else None
 
 
-async def _fields(
-    opening: _Opening, node: Any, path: str, identity: bytes | None, names: frozenset[str] | None
-) -> bool:
-    """Decrypts the envelopes among the strings of ``node`` in place (labels as the encrypter wrote
-    them: ``value.a[0].b``); whether any was."""
-    items: Any = node.items() if isinstance(node, dict) else enumerate(node) if isinstance(node, list) else ()
+_KEEP = object()
+
+
+def _decompress(codec: int, data: bytes) -> bytes:
+    try:
+        return decompress(codec, data)
+    except ValueError as exc:
+        raise DecryptError(f"the envelope authenticated but does not decompress: {exc}") from None
+
+
+def _field(opening: _Opening, text: str, label: bytes, identity: bytes | None) -> Any:
+    """A field's clear JSON value, or _KEEP."""
+    try:
+        raw = binascii.a2b_base64(text, strict_mode=True)
+    except ValueError:
+        return _KEEP
+    clear = opening.open(raw, label, identity)
+    return _KEEP if clear is None else orjson.loads(clear)
+
+
+def _every_field(opening: _Opening, node: Any, path: str, identity: bytes | None) -> bool:
+    """Decrypts every envelope among the strings of ``node`` in place (labels as the encrypter
+    wrote them: ``value.a[0].b``); whether any was."""
+    if not isinstance(node, (dict, list)):
+        return False
+    items: Any = node.items() if isinstance(node, dict) else enumerate(node)
     changed = False
     for step, child in list(items):
-        label = f"{path}[{step}]" if isinstance(step, int) else f"{path}.{step}"
         if isinstance(child, str):
-            if not child.startswith(TEXT_MAGIC):
-                continue
-            if names is not None and label.split(".", 1)[1] not in names:
-                continue
-            try:
-                raw = base64.b64decode(child, validate=True)
-            except ValueError:
-                continue
-            clear = await opening.open(raw, label.encode(), identity)
-            if clear is not None:
-                node[step] = orjson.loads(clear)
-                changed = True
+            if child.startswith(TEXT_MAGIC):
+                label = f"{path}[{step}]" if isinstance(step, int) else f"{path}.{step}"
+                clear = _field(opening, child, label.encode(), identity)
+                if clear is not _KEEP:
+                    node[step] = clear
+                    changed = True
         elif isinstance(child, (dict, list)):
-            changed = await _fields(opening, child, label, identity, names) or changed
+            label = f"{path}[{step}]" if isinstance(step, int) else f"{path}.{step}"
+            changed = _every_field(opening, child, label, identity) or changed
     return changed
 
 
-async def _headers(opening: _Opening, area: bytes, span: RecordSpan, identity: bytes | None) -> Any:
+def _headers(opening: _Opening, area: bytes, span: RecordSpan, identity: bytes | None) -> Any:
     names = opening.selection.headers
     result: list[tuple[bytes, bytes | None]] = []
     changed = False
     for name, value in record_headers(area, span[9], span[2]):
-        if (
-            value is not None
-            and value.startswith(MAGIC)
-            and (names is None or name.decode("utf-8", "replace") in names)
-        ):
-            clear = await opening.open(value, b"header:" + name, identity)
+        if value is not None and value[:3] == MAGIC and (names is None or name.decode("utf-8", "replace") in names):
+            clear = opening.open(value, b"header:" + name, identity)
             if clear is not None:
                 result.append((name, clear))
                 changed = True

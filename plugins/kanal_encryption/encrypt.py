@@ -9,7 +9,7 @@ key id in the batch, before the pass, so the pass itself never waits.
 
 from __future__ import annotations
 
-import base64
+import binascii
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -18,12 +18,12 @@ import orjson
 
 from kanal.api import RecordBatch, RecordSpan, record_headers, record_spans, records_area, write_record
 
-from .crypto.envelope import EnvelopeError, Sealer, is_envelope, parse
+from .crypto.envelope import TEXT_MAGIC, EnvelopeError, Sealer, is_envelope, parse
 from .records import SAME, encode_headers, write_parts
 from .targets import VALUE, Target, associated_data
 from .templates import RecordView, TemplateError
 
-__all__ = ["AlreadyEncrypted", "EncryptionFailed", "KeySource", "Plan", "encrypt_batch", "envelope_text"]
+__all__ = ["AlreadyEncrypted", "EncryptionFailed", "KeySource", "Plan", "encrypt_batch"]
 
 
 class EncryptionFailed(Exception):
@@ -62,11 +62,6 @@ class Plan:
     @property
     def value_only(self) -> bool:
         return self.value_payload is not None and self.targets == (self.value_payload,)
-
-
-def envelope_text(envelope: bytes) -> str:
-    """An envelope as a JSON field holds it."""
-    return base64.b64encode(envelope).decode()
 
 
 async def encrypt_batch(plan: Plan, topic: str, batch: RecordBatch, keys: KeySource) -> bytes:
@@ -214,20 +209,35 @@ def _part(
     except orjson.JSONDecodeError:
         raise EncryptionFailed(f"the record's {fields[0].part} is not JSON: its fields cannot be encrypted") from None
     changed = False
+    bound = b"\x00" if identity is None else b"\x01" + identity
     for target in fields:
-        assert target.path is not None
-        found, field = target.path.get(document)
+        path = target.path
+        assert path is not None
+        found, field = path.get(document)
         if not found:
             continue  # a record without the field has nothing to hide there
-        if isinstance(field, str) and _is_envelope_text(field):
+        if isinstance(field, str) and field.startswith(TEXT_MAGIC) and _is_envelope_text(field):
             if plan.skip_encrypted:
                 continue
-            raise AlreadyEncrypted(f"the field {target.path.text!r} is already encrypted")
-        aad = associated_data(topic_b, target.label, identity)
-        sealed = _sealer(target, topic, area, span, sealers).seal(orjson.dumps(field), aad, 0)
-        target.path.set(document, envelope_text(sealed))
+            raise AlreadyEncrypted(f"the field {path.text!r} is already encrypted")
+        aad = _prefix(topic_b, target) + bound
+        path.set(document, _sealer(target, topic, area, span, sealers).seal_text(orjson.dumps(field), aad))
         changed = True
     return orjson.dumps(document) if changed else None
+
+
+_PREFIXES: dict[tuple[bytes, bytes], bytes] = {}
+
+
+def _prefix(topic: bytes, target: Target) -> bytes:
+    """:func:`associated_data` up to the identity, remembered per topic and label."""
+    key = (topic, target.label)
+    found = _PREFIXES.get(key)
+    if found is None:
+        if len(_PREFIXES) > 10_000:
+            _PREFIXES.clear()
+        found = _PREFIXES[key] = associated_data(topic, target.label, None)[:-1]
+    return found
 
 
 def _headers(
@@ -276,6 +286,6 @@ def _encrypted(data: bytes) -> bool:
 
 def _is_envelope_text(text: str) -> bool:
     try:
-        return _encrypted(base64.b64decode(text, validate=True))
+        return _encrypted(binascii.a2b_base64(text, strict_mode=True))
     except ValueError:
         return False

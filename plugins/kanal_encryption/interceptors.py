@@ -23,17 +23,22 @@ from kanal.api import (
 )
 
 from .compile import compile_plan, topic_pattern
-from .config import DecryptionConfig, EncryptionConfig
+from .config import DecryptionConfig, EncryptionConfig, GatewayBlock
 from .crypto.deks import DekManager
 from .crypto.envelope import Envelope, Opener, Sealer
 from .decrypt import DecryptionFailed, Selection, decrypt_batch
-from .encrypt import EncryptionFailed, encrypt_batch
+from .encrypt import EncryptionFailed, Plan, encrypt_batch
 from .keys import Locator
 from .kms.base import Kms, KmsError
+from .kms.connections import normalize
 from .kms.factory import KmsPool
+from .kms.gateway import GatewayKms
 from .kms.inline import DEFAULT_KEY_TTL_MS, InlineKmsConfig, parse_kms_config
+from .kms.keystore import key_events, keystore_of
+from .paths import PathError
 from .runtime import runtime_of
-from .targets import Target
+from .targets import KEY, VALUE, Target
+from .tokenize import Tokenization, tokenization_of
 
 __all__ = ["DecryptionInterceptor", "EncryptionInterceptor"]
 
@@ -42,25 +47,59 @@ AUDIT_TYPE = "ENCRYPTION"
 
 
 class _Keys:
-    """The KMS side of one interceptor: its locator, data keys and clients."""
+    """The KMS side of one interceptor: its locator, data keys and clients.
+
+    With a ``gateway`` block its keys are the gateway KMS's (crypto shredding), in the gateway's
+    keys topic. It forgets the data keys of a key that is gone (a gateway key id deleted on any
+    node, or a KMS answering that a key does not exist to any interceptor of this gateway), and
+    tells the others when its own KMS calls find one gone."""
 
     def __init__(
-        self, services: GatewayServices, connection: str | None, kms_config: dict[str, Any] | None, max_records: int
+        self,
+        services: GatewayServices,
+        connection: str | None,
+        kms_config: dict[str, Any] | None,
+        max_records: int,
+        gateway: GatewayBlock | None = None,
     ) -> None:
         self.metrics = runtime_of(services).metrics
         inline: InlineKmsConfig | None = None if kms_config is None else parse_kms_config(kms_config)
         if connection is None and inline is None:
             raise InterceptorConfigError("set kmsConnectionName (a KMS external connection) or a kmsConfig block")
         self.pool = KmsPool()
-        self.locator = Locator(runtime_of(services).connections, self.pool, connection, inline)
+        self.locator = Locator(
+            runtime_of(services).connections, self.pool, connection, inline, gateway, lambda: keystore_of(services)
+        )
         ttl = inline.key_ttl_ms if inline is not None else DEFAULT_KEY_TTL_MS
-        self.deks = DekManager(key_ttl_ms=ttl, max_records=max_records, observe=self._observed)
+        self.deks = DekManager(
+            key_ttl_ms=ttl, max_records=max_records, observe=self._observed, on_key_gone=self._key_gone
+        )
+        self.events = key_events(services)
+        self._stop_listening = self.events.listen(self._heard)
 
     def _observed(self, operation: str, kind: str, seconds: float, succeeded: bool) -> None:
         self.metrics.kms_calls.labels(kind, operation, "ok" if succeeded else "error").inc()
         self.metrics.kms_seconds.labels(kind, operation).observe(seconds)
 
+    def _key_gone(self, kms: Kms, key_id: str) -> None:
+        """An unwrap of this interceptor found ``key_id`` gone: every interceptor forgets it."""
+        key_ref = self.locator.ref_of(kms, key_id)
+        if key_ref is not None:
+            self.events.publish(key_ref)
+
+    def _heard(self, key_ref: str) -> None:
+        """``key_ref`` is gone (deleted): drop what is cached of it."""
+        found = self.locator.reach(key_ref)
+        if found is None:
+            return
+        kms, key_id = found
+        if isinstance(kms, GatewayKms):
+            kms.forget(key_id)
+        if self.deks.forget(kms, key_id):
+            log.info("forgot the cached data keys of %s (the key is gone)", key_ref)
+
     async def aclose(self) -> None:
+        self._stop_listening()
         await self.pool.aclose()
 
 
@@ -74,8 +113,15 @@ class EncryptionInterceptor(Interceptor):
     def __init__(self, config: EncryptionConfig, services: GatewayServices) -> None:
         super().__init__(config, services)
         self._topic = topic_pattern(config.topic)
-        self._keys = _Keys(services, config.kms_connection_name, config.kms_config, config.max_encryptions_per_dek)
-        self._plan = compile_plan(config, self._keys.locator)
+        self._metrics = runtime_of(services).metrics
+        self._tokens = _tokenization(services, config)
+        self._keys: _Keys | None = None
+        self._plan: Plan | None = None
+        if self._tokens is None:
+            self._keys = _Keys(
+                services, config.kms_connection_name, config.kms_config, config.max_encryptions_per_dek, config.gateway
+            )
+            self._plan = compile_plan(config, self._keys.locator)
         self._wanted: dict[str, bool] = {}
 
     def wants_produce_records(self, topic: str) -> bool:
@@ -98,34 +144,41 @@ class EncryptionInterceptor(Interceptor):
             if batch.is_control:
                 continue
             try:
-                data = await encrypt_batch(self._plan, ctx.topic, batch, self)
+                if self._tokens is not None:
+                    data = await self._tokens.batch(batch, encode=True)
+                else:
+                    assert self._plan is not None
+                    data = await encrypt_batch(self._plan, ctx.topic, batch, self)
             except KmsError as exc:
                 return self._failed(ctx, f"the KMS failed: {exc}", retriable=exc.retriable)
             except EncryptionFailed as exc:
                 return self._failed(ctx, str(exc), retriable=False)
             except ValueError as exc:  # a key id that is not a key name; a record that does not parse
                 return self._failed(ctx, str(exc), retriable=False)
-            records.replace(batch, data)
-            encrypted += batch.records_count
-        self._keys.metrics.encrypted.labels(self.plugin_name).inc(encrypted)
+            if data is not None:
+                records.replace(batch, data)
+                encrypted += batch.records_count
+        self._metrics.encrypted.labels(self.plugin_name).inc(encrypted)
         return None
 
     # -- KeySource (encrypt.py)
 
     def sealer_now(self, target: Target, key_id: str, records: int) -> Sealer | None:
+        assert self._keys is not None
         where = self._keys.locator.locate(key_id)
         sealer = self._keys.deks.sealer_now(where.kms, where.key_id, target.algorithm, records, key_ref=where.key_ref)
-        self._keys.metrics.dek_cache.labels("encrypt", "hit" if sealer is not None else "miss").inc()
+        self._metrics.dek_cache.labels("encrypt", "hit" if sealer is not None else "miss").inc()
         return sealer
 
     async def sealer(self, target: Target, key_id: str, records: int) -> Sealer:
+        assert self._keys is not None
         where = self._keys.locator.locate(key_id)
         return await self._keys.deks.sealer(where.kms, where.key_id, target.algorithm, records, key_ref=where.key_ref)
 
     def _failed(self, ctx: RecordsContext, reason: str, *, retriable: bool) -> PartitionError:
         """The partition fails (nothing of it is stored): retriable while the KMS is away, so the
         producer's library retries and recovers when it is back."""
-        self._keys.metrics.failures.labels(self.plugin_name, "encrypt").inc()
+        self._metrics.failures.labels(self.plugin_name, "encrypt").inc()
         if self.config.enable_audit_log_on_error:
             self.services.audit(
                 AUDIT_TYPE,
@@ -137,7 +190,10 @@ class EncryptionInterceptor(Interceptor):
         return PartitionError(int(code), f"encryption failed: {reason}")
 
     async def aclose(self) -> None:
-        await self._keys.aclose()
+        if self._keys is not None:
+            await self._keys.aclose()
+        if self._tokens is not None:
+            await self._tokens.aclose()
 
 
 class DecryptionInterceptor(Interceptor):
@@ -150,13 +206,22 @@ class DecryptionInterceptor(Interceptor):
     def __init__(self, config: DecryptionConfig, services: GatewayServices) -> None:
         super().__init__(config, services)
         self._topic = topic_pattern(config.topic)
-        self._keys = _Keys(services, config.kms_connection_name, config.kms_config, 1)
+        self._metrics = runtime_of(services).metrics
+        self._tokens = _tokenization(services, config)
+        self._keys: _Keys | None = None
+        if self._tokens is None:
+            self._keys = _Keys(services, config.kms_connection_name, config.kms_config, 1, config.gateway)
         self._selection = Selection(
             value=_names(config.record_value_fields),
             key=_names(config.record_key_fields),
             headers=_names(config.record_header_fields),
             fail_fetch=config.error_policy == "fail_fetch",
         )
+        for part, where in ((VALUE, "recordValueFields"), (KEY, "recordKeyFields")):
+            try:
+                self._selection.fields(part)
+            except PathError as exc:
+                raise InterceptorConfigError(f"{where}: {exc}") from None
         self._found: dict[str, tuple[Kms, str]] = {}
 
     @hookimpl
@@ -172,15 +237,24 @@ class DecryptionInterceptor(Interceptor):
             if batch.is_control:
                 continue
             try:
-                data, count = await decrypt_batch(self._selection, ctx.topic, batch, self, failed)
+                if self._tokens is not None:
+                    data = await self._tokens.batch(batch, encode=False)
+                    count = batch.records_count
+                else:
+                    data, count = await decrypt_batch(self._selection, ctx.topic, batch, self, failed)
             except DecryptionFailed as exc:
                 self._report(ctx, str(exc))
                 return PartitionError(int(ErrorCode.resource_not_found), f"decryption failed: {exc}")
+            except KmsError as exc:  # (tokens: the Transform engine refused or is away)
+                self._report(ctx, f"detokenization failed: {exc}")
+                if self._selection.fail_fetch:
+                    return PartitionError(int(ErrorCode.resource_not_found), f"detokenization failed: {exc}")
+                continue
             if data is not None:
                 ctx.records.replace(batch, data)
                 decrypted += count
         if decrypted:
-            self._keys.metrics.decrypted.labels(self.plugin_name).inc(decrypted)
+            self._metrics.decrypted.labels(self.plugin_name).inc(decrypted)
         return None
 
     # -- OpenerSource (decrypt.py)
@@ -190,21 +264,25 @@ class DecryptionInterceptor(Interceptor):
         if found is None:
             if len(self._found) > 100_000:
                 self._found.clear()
+            assert self._keys is not None
             found = self._found[envelope.key_ref] = self._keys.locator.find(envelope.key_ref)
         return found
 
     def opener_now(self, envelope: Envelope) -> Opener | None:
+        """(Called once per data key per batch: the batch keeps what it found.)"""
         kms, key_id = self._find(envelope)
+        assert self._keys is not None
         opener = self._keys.deks.opener_now(kms, key_id, envelope.edek)
-        self._keys.metrics.dek_cache.labels("decrypt", "hit" if opener is not None else "miss").inc()
+        self._metrics.dek_cache.labels("decrypt", "hit" if opener is not None else "miss").inc()
         return opener
 
     async def opener(self, envelope: Envelope) -> Opener:
         kms, key_id = self._find(envelope)
+        assert self._keys is not None
         return await self._keys.deks.opener(kms, key_id, envelope.edek)
 
     def _report(self, ctx: RecordsContext, reason: str) -> None:
-        self._keys.metrics.failures.labels(self.plugin_name, "decrypt").inc()
+        self._metrics.failures.labels(self.plugin_name, "decrypt").inc()
         if self.config.enable_audit_log_on_error:
             self.services.audit(
                 AUDIT_TYPE,
@@ -213,7 +291,19 @@ class DecryptionInterceptor(Interceptor):
             )
 
     async def aclose(self) -> None:
-        await self._keys.aclose()
+        if self._keys is not None:
+            await self._keys.aclose()
+        if self._tokens is not None:
+            await self._tokens.aclose()
+
+
+def _tokenization(services: GatewayServices, config: EncryptionConfig | DecryptionConfig) -> Tokenization | None:
+    """The interceptor's tokenization, when its connection is a Transform one (or its keys are
+    ``vault-transform://`` URIs); None: it encrypts."""
+    name = config.kms_connection_name
+    found = None if name is None else runtime_of(services).connections.get(normalize(name))
+    inline = None if config.kms_config is None else parse_kms_config(config.kms_config)
+    return tokenization_of(found, inline, KmsPool(), config.record_value, config.record_key)
 
 
 def _names(fields: list[str] | None) -> frozenset[str] | None:

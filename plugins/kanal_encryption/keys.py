@@ -6,23 +6,42 @@ An encryption config names keys one of two ways: a bare ``keyId`` of a KMS conne
 alone: ``connection://<NAME>/<keyId>`` for a connection's key (the connection declared on the
 decrypting gateway too), the URI itself for an inline one (the decrypter's ``kmsConfig`` holding
 the credentials).
+
+With a ``gateway`` block beside ``kmsConnectionName`` (crypto shredding), a bare ``keyId`` names a
+key of the gateway KMS instead (:mod:`kanal_encryption.kms.gateway`): made by the gateway per key id,
+wrapped by the connection's ``gateway.masterKeyId``; the envelope keeps ``gateway-kms://<keyId>``,
+which a decrypter with the same ``gateway`` block finds. Such key ids are free text (a record key,
+an e-mail address...): any characters but control ones, up to 1024.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import NamedTuple
 
 from kanal.api import InterceptorConfigError
 
+from .config import GatewayBlock
 from .kms.base import Kms
 from .kms.connections import KmsConnection, normalize
 from .kms.factory import KmsPool
+from .kms.gateway import GatewayKms
 from .kms.inline import InlineKmsConfig, check_key_name, parse_key_secret_id, resolve_key
+from .kms.keystore import GATEWAY_KMS, KeyStore
 
-__all__ = ["CONNECTION", "KeyLocation", "Locator"]
+__all__ = ["CONNECTION", "GATEWAY_KMS", "KeyLocation", "Locator", "check_gateway_key_id"]
 
 CONNECTION = "connection://"
+MAX_GATEWAY_KEY_ID = 1024
+
+
+def check_gateway_key_id(key_id: str, where: str = "keyId") -> str:
+    """``key_id`` if it can name a gateway KMS key (templates, or a rendered one); else an error."""
+    if not key_id or len(key_id) > MAX_GATEWAY_KEY_ID or any(ord(c) < 32 or ord(c) == 127 for c in key_id):
+        raise InterceptorConfigError(
+            f"{where}: invalid gateway key id {key_id[:80]!r}: 1 to {MAX_GATEWAY_KEY_ID} characters, no control ones"
+        )
+    return key_id
 
 
 class KeyLocation(NamedTuple):
@@ -40,12 +59,35 @@ class Locator:
         pool: KmsPool,
         connection: str | None,
         inline: InlineKmsConfig | None,
+        gateway: GatewayBlock | None = None,
+        store: Callable[[], KeyStore] | None = None,
     ) -> None:
         self._connections = connections
         self._pool = pool
         self._connection = None if connection is None else self._named(connection, "kmsConnectionName")
         self._inline = inline
         self._located: dict[str, KeyLocation] = {}
+        # the key references used: (id of a KMS, key id) -> reference, and reference -> (KMS, key id)
+        self._refs: dict[tuple[int, str], str] = {}
+        self._used: dict[str, tuple[Kms, str]] = {}
+        self.gateway: GatewayKms | None = None
+        if gateway is not None:
+            self.gateway = self._gateway(gateway, store)
+
+    def _gateway(self, block: GatewayBlock, store: Callable[[], KeyStore] | None) -> GatewayKms:
+        if self._connection is None:
+            raise InterceptorConfigError(
+                "gateway: the gateway KMS needs kmsConnectionName (the KMS connection holding gateway.masterKeyId)"
+            )
+        check_key_name(block.master_key_id, templates=False, where="gateway.masterKeyId")
+        if block.max_keys < 1:
+            raise InterceptorConfigError(f"gateway.maxKeys: expected a positive number, got {block.max_keys}")
+        if store is None:
+            raise InterceptorConfigError("gateway: the gateway KMS is not available here (no keys topic)")
+        master = self._pool.get(self._connection.kind, self._connection.settings)
+        assert isinstance(master, Kms)
+        master_ref = f"{CONNECTION}{normalize(self._connection.name)}/{block.master_key_id}"
+        return GatewayKms(store(), master, block.master_key_id, master_ref=master_ref, max_keys=block.max_keys)
 
     def _named(self, name: str, where: str) -> KmsConnection:
         found = self._connections.get(normalize(name))
@@ -61,6 +103,12 @@ class Locator:
     def check(self, key_id: str | None, key_secret_id: str | None, where: str) -> str:
         """The key text of a field or payload as configured (templates kept); InterceptorConfigError
         when it names no key, both kinds, or one the config cannot reach."""
+        if self.gateway is not None:
+            if key_id is None or key_secret_id is not None:
+                raise InterceptorConfigError(
+                    f"{where}: with a gateway block, name the key with keyId (not keySecretId)"
+                )
+            return check_gateway_key_id(key_id, where=f"{where}.keyId")
         if self._connection is not None:
             if key_id is None or key_secret_id is not None:
                 raise InterceptorConfigError(
@@ -82,9 +130,31 @@ class Locator:
             found = self._located[text] = self._locate(text)
             if len(self._located) > 100_000:  # templated per record key: keep the memory bounded
                 self._located.clear()
+            self._remember(found.kms, found.key_id, found.key_ref)
         return found
 
+    def _remember(self, kms: Kms, key_id: str, key_ref: str) -> None:
+        if len(self._refs) > 100_000:
+            self._refs.clear()
+            self._used.clear()
+        self._refs[(id(kms), key_id)] = key_ref
+        self._used[key_ref] = (kms, key_id)
+
+    def ref_of(self, kms: Kms, key_id: str) -> str | None:
+        """The key reference this locator gave (``locate``) or read (``find``) for ``key_id`` of ``kms``."""
+        return self._refs.get((id(kms), key_id))
+
+    def reach(self, key_ref: str) -> tuple[Kms, str] | None:
+        """The KMS and key id of ``key_ref`` if this locator has used it (None otherwise): what to
+        forget when that key is gone."""
+        if key_ref.startswith(GATEWAY_KMS):
+            return None if self.gateway is None else (self.gateway, key_ref[len(GATEWAY_KMS) :])
+        return self._used.get(key_ref)
+
     def _locate(self, text: str) -> KeyLocation:
+        if self.gateway is not None:
+            check_gateway_key_id(text)
+            return KeyLocation(self.gateway, text, GATEWAY_KMS + text)
         if self._connection is not None:
             check_key_name(text, templates=False, where="keyId")
             kms = self._pool.get(self._connection.kind, self._connection.settings)
@@ -99,6 +169,17 @@ class Locator:
     def find(self, key_ref: str) -> tuple[Kms, str]:
         """The KMS and key id of an envelope's key reference (decrypting). Raises
         InterceptorConfigError (a ValueError) when this gateway cannot reach it."""
+        found = self._find(key_ref)
+        self._remember(found[0], found[1], key_ref)
+        return found
+
+    def _find(self, key_ref: str) -> tuple[Kms, str]:
+        if key_ref.startswith(GATEWAY_KMS):
+            if self.gateway is None:
+                raise InterceptorConfigError(
+                    f"{key_ref!r}: a gateway KMS key: set the gateway block (gateway.masterKeyId) and kmsConnectionName"
+                )
+            return self.gateway, key_ref[len(GATEWAY_KMS) :]
         if key_ref.startswith(CONNECTION):
             name, _, key_id = key_ref[len(CONNECTION) :].partition("/")
             connection = self._named(name, "the data's key")

@@ -5,6 +5,10 @@ Public plugin API only (``kanal.api``):
 * ``kanal_interceptor_types``: the ``encryption``, ``decryption`` and ``masking`` interceptor types;
 * ``kanal_settings``: the family ``GATEWAY_EXTERNAL_CONNECTION_*`` for its KMS connections (types
   VAULT, AWS_KMS, AZURE_KEY_VAULT, GCP_KMS), checked at startup;
+* ``kanal_settings`` also: ``GATEWAY_ENCRYPTION_KEYS_TOPIC``, the gateway KMS's keys topic (default
+  ``_kanal_<GATEWAY_CLUSTER_ID>_encryption_keys``);
+* ``kanal_admin_routes``: ``/gateway/v2/encryption-key`` (the gateway KMS's key ids; DELETE one for
+  crypto shredding, see :mod:`kanal_encryption.admin`);
 * ``kanal_gateway_services``: reaches each KMS connection once at startup and reports the ones that
   do not answer (not fatal).
 """
@@ -13,14 +17,15 @@ from __future__ import annotations
 
 import trio
 
-from kanal.api import GatewayServices, Interceptor, Service, SettingsFamily, hookimpl
+from kanal.api import AdminRoutes, GatewayServices, Interceptor, Service, SettingsFamily, hookimpl
 
 from .interceptors import DecryptionInterceptor, EncryptionInterceptor
 from .kms.connections import PREFIX, check_kms_connections
+from .kms.keystore import TOPIC_SETTING
 from .masking import MaskingInterceptor
 from .runtime import check_connections, runtime_of
 
-__all__ = ["kanal_gateway_services", "kanal_interceptor_types", "kanal_settings"]
+__all__ = ["kanal_admin_routes", "kanal_gateway_services", "kanal_interceptor_types", "kanal_settings"]
 
 
 @hookimpl
@@ -30,7 +35,14 @@ def kanal_interceptor_types() -> list[type[Interceptor]]:
 
 @hookimpl
 def kanal_settings() -> list[str | SettingsFamily]:
-    return [SettingsFamily(PREFIX, check_kms_connections)]
+    return [SettingsFamily(PREFIX, check_kms_connections), TOPIC_SETTING]
+
+
+@hookimpl
+def kanal_admin_routes(admin: AdminRoutes, services: GatewayServices) -> None:
+    from .admin import add_routes
+
+    add_routes(admin, services)
 
 
 @hookimpl

@@ -16,13 +16,13 @@ __all__ = ["SAME", "encode_headers", "write_parts"]
 _NULL = encode_varint(-1)
 
 
-class _Same:
+class Same:
     """Keep the original part."""
 
     __slots__ = ()
 
 
-SAME = _Same()
+SAME = Same()
 
 
 def _part(value: bytes | None) -> bytes:
@@ -43,18 +43,18 @@ def write_parts(
     out: bytearray,
     b: bytes,
     span: RecordSpan,
-    key: bytes | _Same | None = SAME,
-    value: bytes | _Same | None = SAME,
-    headers: bytes | _Same = SAME,
+    key: bytes | Same | None = SAME,
+    value: bytes | Same | None = SAME,
+    headers: bytes | Same = SAME,
 ) -> None:
     """Appends the record of ``span`` with the parts given replaced (``headers``: a whole header
     section, from :func:`encode_headers`)."""
     body, end, key_at, key_end, value_end = span[1], span[2], span[6], span[7], span[9]
     key_length_at = key_end - 1 if key_at < 0 else key_at - len(encode_varint(key_end - key_at))
     head = b[body:key_length_at]  # attributes, timestamp delta, offset delta
-    key_part = b[key_length_at:key_end] if isinstance(key, _Same) else _part(key)
-    value_part = b[key_end:value_end] if isinstance(value, _Same) else _part(value)  # (its length starts at key_end)
-    header_part = b[value_end:end] if isinstance(headers, _Same) else headers
+    key_part = b[key_length_at:key_end] if isinstance(key, Same) else _part(key)
+    value_part = b[key_end:value_end] if isinstance(value, Same) else _part(value)  # (its length starts at key_end)
+    header_part = b[value_end:end] if isinstance(headers, Same) else headers
     out += encode_varint(len(head) + len(key_part) + len(value_part) + len(header_part))
     out += head
     out += key_part

@@ -12,6 +12,11 @@ TTL). A :class:`KmsKeyNotFound` is remembered for ``not_found_ttl_ms`` (the key 
 for unwraps), so a shredded key costs one KMS call per 30 s, not one per record. The DEKs this
 manager makes are also put in the decryption cache (their EDEK is known to unwrap to them).
 
+:meth:`DekManager.forget` drops what it holds of one key id (its KMS key was deleted: crypto
+shredding), so the next seal wraps a new DEK and the next open asks the KMS. An unwrap answered
+:class:`KmsKeyNotFound` forgets the key id too (a current DEK wrapped by a deleted key would make
+new records unreadable) and tells ``on_key_gone``, which can forget it in other managers.
+
 Each side has a synchronous call for the hot path (``sealer_now``, ``opener_now``: a cache hit or
 None, no await) and an async one that may call the KMS; concurrent callers missing the same key
 share one KMS call (a trio Event per call in flight). All of it runs in one trio thread.
@@ -117,6 +122,7 @@ class DekManager:
         not_found_ttl_ms: int = DEFAULT_NOT_FOUND_TTL_MS,
         clock: Callable[[], float] = time.monotonic,
         observe: KmsObserver | None = None,
+        on_key_gone: Callable[[Kms, str], None] | None = None,
     ) -> None:
         if key_ttl_ms < 0 or not_found_ttl_ms < 0:
             raise ValueError("key_ttl_ms and not_found_ttl_ms must be >= 0")
@@ -130,6 +136,7 @@ class DekManager:
         self.stats = DekStats()
         self._clock = clock
         self._observe = observe
+        self._on_key_gone = on_key_gone
         self._deks: OrderedDict[Hashable, _Dek] = OrderedDict()
         self._openers: OrderedDict[Hashable, _Unwrapped] = OrderedDict()
         # A remembered KmsKeyNotFound: key -> (expires, message, the KMS pinning its id).
@@ -259,6 +266,8 @@ class DekManager:
                     return opener
                 except Exception as exc:
                     flight.error = exc
+                    if isinstance(exc, KmsKeyNotFound):
+                        self._gone(kms, key_id)
                     raise
                 finally:
                     del self._unwrapping[key]
@@ -306,6 +315,27 @@ class DekManager:
         self._deks.clear()
         self._openers.clear()
         self._missing.clear()
+
+    def forget(self, kms: Kms, key_id: str) -> int:
+        """Forgets the current DEKs and the unwrapped DEKs of ``key_id`` of ``kms``, and a remembered
+        KmsKeyNotFound of its wraps (the key was deleted, or made anew): the next seal makes and
+        wraps a new DEK, the next open asks the KMS. Calls in flight finish as they are. Returns
+        how many DEKs it dropped."""
+        kms_id = id(kms)
+        dropped = 0
+        for cache in (self._deks, self._openers):
+            stale = [k for k in cache if isinstance(k, tuple) and k[0] == kms_id and k[1] == key_id]
+            for k in stale:
+                del cache[k]
+            dropped += len(stale)
+        self._missing.pop((kms_id, key_id), None)
+        return dropped
+
+    def _gone(self, kms: Kms, key_id: str) -> None:
+        """An unwrap found the key gone: forget it here, and tell ``on_key_gone``."""
+        self.forget(kms, key_id)
+        if self._on_key_gone is not None:
+            self._on_key_gone(kms, key_id)
 
     def _check_missing(self, key: Hashable) -> None:
         if not self._missing:

@@ -255,6 +255,11 @@ class Opener:
                 raise DecryptError(f"the envelope authenticated but does not decompress: {exc}") from None
         return plaintext
 
+    def cipher_for(self, algorithm: Algorithm) -> Cipher:
+        """The AEAD of this DEK for ``algorithm`` (for a caller that cuts envelopes sharing one
+        header itself: ``decrypt(nonce, ciphertext, header + aad)``). Raises DecryptError."""
+        return self._ciphers.get(algorithm) or self._cipher(algorithm)
+
     def _cipher(self, algorithm: Algorithm) -> Cipher:
         if len(self.dek) != algorithm.key_size:
             raise DecryptError(
