@@ -24,8 +24,6 @@ from urllib.parse import quote
 
 import kanal_encryption.plugin
 import pytest
-from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
-from confluent_kafka.admin import AdminClient, NewTopic
 from kanal_encryption.crypto.envelope import TEXT_MAGIC
 
 from kanal.api.interceptor import InterceptorSpec
@@ -35,6 +33,7 @@ from kanal.embedded.gateway_process import GatewayProcess
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "integration"))
 from inprocess import bootstrap_of, inprocess_gateway
+from kafka_clients import consume, create_topic, produce
 
 pytestmark = pytest.mark.integration
 
@@ -43,34 +42,16 @@ Records = list[tuple[str, dict[str, Any]]]
 
 
 def _create(bootstrap: str, topic: str) -> None:
-    admin = AdminClient({"bootstrap.servers": bootstrap})
-    for future in admin.create_topics([NewTopic(topic, 1)]).values():
-        future.result(15)
+    create_topic({"bootstrap.servers": bootstrap}, topic)
 
 
-def _produce(bootstrap: str, topic: str, records: list[tuple[str, dict[str, Any]]]) -> None:
-    producer = Producer({"bootstrap.servers": bootstrap})
-    errors: list[Any] = []
-    for key, value in records:
-        producer.produce(topic, json.dumps(value).encode(), key.encode(), on_delivery=lambda e, m: errors.append(e))
-    assert producer.flush(20) == 0 and errors == [None] * len(records), errors
+def _produce(bootstrap: str, topic: str, records: Records) -> None:
+    produce({"bootstrap.servers": bootstrap}, topic, [(k.encode(), json.dumps(v).encode(), []) for k, v in records])
 
 
 def _consume(bootstrap: str, topic: str, count: int) -> Records:
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "shred", "enable.auto.commit": False})
-    consumer.assign([TopicPartition(topic, 0, OFFSET_BEGINNING)])
-    out: Records = []
-    deadline = time.monotonic() + 30
-    try:
-        while len(out) < count and time.monotonic() < deadline:
-            message = consumer.poll(0.5)
-            if message is not None:
-                assert message.error() is None, message.error()
-                out.append((message.key().decode(), json.loads(message.value())))
-    finally:
-        consumer.close()
-    assert len(out) == count
-    return out
+    messages = consume({"bootstrap.servers": bootstrap}, topic, count)
+    return [(m.key().decode(), json.loads(m.value())) for m in messages]
 
 
 def _eventually(read: Callable[[], Records], expected: Callable[[Records], bool], timeout: float = 60) -> Records:

@@ -5,11 +5,12 @@ Vault's documented Transform requests and responses (OpenBao has no Transform en
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import msgspec
 import pytest
 import trio
+from kafka_clients import consume, create_topic, direct, encryption_gateway, login, produce
 from kanal_encryption.config import EncryptionConfig
 from kanal_encryption.encrypt import EncryptionFailed
 from kanal_encryption.kms.connections import parse_kms_connections
@@ -18,6 +19,8 @@ from kanal_encryption.tokenize import Tokenization, tokenization_of
 from kms_fakes import FakeVaultTransform
 
 from kanal.api import InterceptorConfigError, Record, RecordBatch, encode_batch
+from kanal.api.interceptor import InterceptorSpec, Scope
+from kanal.embedded import TansuBroker
 
 
 @pytest.fixture
@@ -101,3 +104,37 @@ def test_tokenization_refuses_payloads(transform: FakeVaultTransform) -> None:
     )
     with pytest.raises(InterceptorConfigError, match="tokenization replaces JSON fields"):
         tokenization_of(connection, None, KmsPool(), config.record_value, None)
+
+
+def test_a_producer_stores_tokens_and_the_scoped_reader_gets_the_values_back(
+    transform: FakeVaultTransform, tansu: TansuBroker, unique_topic: Callable[..., str]
+) -> None:
+    prefix = "GATEWAY_EXTERNAL_CONNECTION_TOKENS_"
+    env = {
+        f"{prefix}TYPE": "VAULT",
+        f"{prefix}CONFIG_URI": transform.url,
+        f"{prefix}CONFIG_TOKEN": transform.token,
+        f"{prefix}CONFIG_ENGINE_TYPE": "TRANSFORM",
+    }
+    fields = {"fields": [{"fieldName": "card", "keyId": "cards"}]}
+    tokenize = InterceptorSpec("tokenize", "encryption", config={"kmsConnectionName": "TOKENS", "recordValue": fields})
+    restore = InterceptorSpec(
+        "restore",
+        "decryption",
+        scope=Scope(username="reader"),
+        config={"kmsConnectionName": "TOKENS", "recordValue": fields},
+    )
+    topic = "tokens-" + unique_topic()
+    documents = [{"card": f"41111111111111{i:02d}", "n": i} for i in range(3)]
+    with encryption_gateway(tansu, [tokenize, restore], env, ("writer", "reader")) as gw:
+        writer = login(gw, "writer")
+        create_topic(writer, topic)
+        produce(writer, topic, [(None, json.dumps(d).encode(), []) for d in documents])
+        stored = [json.loads(m.value()) for m in consume(direct(tansu), topic, 3)]
+        assert [s["n"] for s in stored] == [0, 1, 2]
+        assert all(
+            s["card"] != d["card"] and transform.vault[s["card"]] == d["card"]
+            for s, d in zip(stored, documents, strict=True)
+        )
+        assert [json.loads(m.value()) for m in consume(login(gw, "reader"), topic, 3)] == documents
+        assert [json.loads(m.value()) for m in consume(writer, topic, 3)] == stored
