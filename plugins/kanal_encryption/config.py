@@ -33,6 +33,7 @@ __all__ = [
     "MaskingPolicy",
     "MaskingRule",
     "PartSpec",
+    "SchemaRegistryBlock",
 ]
 
 
@@ -77,6 +78,16 @@ class GatewayBlock(msgspec.Struct, forbid_unknown_fields=True, rename="camel"):
     max_keys: int = 1_000_000
 
 
+class SchemaRegistryBlock(msgspec.Struct, forbid_unknown_fields=True, rename="camel"):
+    """An inline schema registry (``schemaRegistryConfig``), for Avro fields: its URL (several,
+    comma-separated, are tried in turn) and basic auth."""
+
+    host: str
+    basic_auth_username: str | None = None
+    basic_auth_password: str | None = None
+    timeout_ms: int = 5000
+
+
 class EncryptionConfig(msgspec.Struct, forbid_unknown_fields=True, rename="camel"):
     topic: str = ".*"
     kms_connection_name: str | None = None
@@ -93,6 +104,10 @@ class EncryptionConfig(msgspec.Struct, forbid_unknown_fields=True, rename="camel
     enable_audit_log_on_error: bool = True
     #: Seals per data key before a new one is made (bounds nonce reuse risk; Kroxylicious' default).
     max_encryptions_per_dek: int = 5_000_000
+    #: A schema registry (external connection, or inline): Confluent-framed Avro values keep being
+    #: Avro, their listed fields encrypted in place (docs/encryption-avro.md).
+    schema_registry_connection_name: str | None = None
+    schema_registry_config: SchemaRegistryBlock | None = None
 
 
 class DecryptionConfig(msgspec.Struct, forbid_unknown_fields=True, rename="camel"):
@@ -111,6 +126,9 @@ class DecryptionConfig(msgspec.Struct, forbid_unknown_fields=True, rename="camel
     record_key: PartSpec | None = None
     error_policy: Literal["return_encrypted", "fail_fetch"] = "return_encrypted"
     enable_audit_log_on_error: bool = True
+    #: The schema registry to decode Confluent-framed Avro values with (their encrypted fields).
+    schema_registry_connection_name: str | None = None
+    schema_registry_config: SchemaRegistryBlock | None = None
 
 
 class MaskingRule(msgspec.Struct, forbid_unknown_fields=True, rename="camel"):

@@ -9,6 +9,11 @@ the policy says.
 The pass over the records is synchronous: the batch's data keys are looked up once each (a batch
 mostly shares one), and a key not yet unwrapped stops the pass at that record, which is retried
 once the KMS has answered. So the per-record cost is parse, decrypt and write, nothing more.
+
+With a schema registry, a Confluent-framed Avro part is decoded with its writer schema (fetched
+before the pass, once per id), its string and bytes fields holding envelopes and the fields whose
+envelopes ride in ``kanal.enc.<label>`` headers restored, those headers dropped, and the record
+encoded again (:mod:`~kanal_encryption.avro_fields`).
 """
 
 from __future__ import annotations
@@ -20,9 +25,11 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 import orjson
+from kanal_schemas import prefix_ref
 
 from kanal.api import RecordBatch, RecordSpan, record_headers, record_spans, records_area, write_record
 
+from .avro_fields import HEADER_PREFIX, AvroError, AvroSchemas, SchemaUnavailable, decrypt_fields, framed_ids
 from .crypto.ciphers import DecryptError
 from .crypto.compression import decompress
 from .crypto.envelope import MAGIC, TEXT_MAGIC, Envelope, Opener, parse
@@ -80,7 +87,12 @@ class _Missing(Exception):
 
 
 async def decrypt_batch(
-    selection: Selection, topic: str, batch: RecordBatch, openers: OpenerSource, failed: OnFailure
+    selection: Selection,
+    topic: str,
+    batch: RecordBatch,
+    openers: OpenerSource,
+    failed: OnFailure,
+    avro: AvroSchemas | None = None,
 ) -> tuple[bytes | None, int]:
     """The batch's bytes with what it may decrypt in clear (None: nothing was decrypted), and how
     many parts were decrypted. Raises DecryptionFailed (``fail_fetch``)."""
@@ -88,6 +100,15 @@ async def decrypt_batch(
     count = batch.records_count
     spans = record_spans(area, start, count, len(area))
     opening = _Opening(selection, topic.encode(), openers, failed)
+    if avro is not None:
+        parts: list[bytes | None] = []
+        for span in spans:
+            if span[8] >= 0 and selection.value != frozenset():
+                parts.append(area[span[8] : span[8] + 5])
+            if span[6] >= 0 and selection.key != frozenset():
+                parts.append(area[span[6] : span[6] + 5])
+        opening.avro = avro
+        opening.schema_errors = await avro.prepare(framed_ids(parts))
     out = bytearray()
     i = 0
     while i < len(spans):
@@ -105,7 +126,19 @@ async def decrypt_batch(
 class _Opening:
     """Opens the envelopes of one batch: its data keys, what it decrypted, the failure policy."""
 
-    __slots__ = ("broken", "count", "failed", "fast", "keys", "openers", "paths", "selection", "topic")
+    __slots__ = (
+        "avro",
+        "broken",
+        "count",
+        "failed",
+        "fast",
+        "keys",
+        "openers",
+        "paths",
+        "schema_errors",
+        "selection",
+        "topic",
+    )
 
     def __init__(self, selection: Selection, topic: bytes, openers: OpenerSource, failed: OnFailure) -> None:
         self.selection = selection
@@ -119,6 +152,8 @@ class _Opening:
         #: The last envelope header opened, where its nonce ends, its AEAD and codec: the records of
         #: a batch mostly share one, and then only the nonce and ciphertext need cutting out.
         self.fast: tuple[bytes, int, Callable[[bytes, bytes, bytes], bytes], int] | None = None
+        self.avro: AvroSchemas | None = None
+        self.schema_errors: dict[int, SchemaUnavailable] = {}
 
     def open(self, data: bytes, label: bytes, identity: bytes | None) -> bytes | None:
         """The clear bytes of an envelope, or None when ``data`` is not one or stays encrypted.
@@ -133,7 +168,7 @@ class _Opening:
                 if codec:
                     clear = _decompress(codec, clear)
             except DecryptError as exc:
-                self._refused(label, exc)
+                self.refused(label, exc)
                 return None
             self.count += 1
             return clear
@@ -158,12 +193,12 @@ class _Opening:
         except _Missing:
             raise
         except (ValueError, DecryptError, KmsError) as exc:  # (EnvelopeError, a key this gateway cannot reach)
-            self._refused(label, exc)
+            self.refused(label, exc)
             return None
         self.count += 1
         return clear
 
-    def _refused(self, label: bytes, exc: Exception) -> None:
+    def refused(self, label: bytes, exc: Exception) -> None:
         """A part that does not decrypt: the fetch fails, or the part stays as stored (reported)."""
         if self.selection.fail_fetch:
             raise DecryptionFailed(f"{label.decode('utf-8', 'replace')}: {exc}") from exc
@@ -182,19 +217,20 @@ def _record(opening: _Opening, area: bytes, span: RecordSpan, out: bytearray) ->
     selection = opening.selection
     key = None if span[6] < 0 else area[span[6] : span[7]]
     value = None if span[8] < 0 else area[span[8] : span[9]]
+    consumed: set[bytes] = set()  # headers of Avro fields restored
     new_key: Any = SAME
     if key is not None and selection.key != frozenset():
-        clear = _part(opening, KEY, key, None, selection.key)
+        clear = _part(opening, KEY, key, None, selection.key, area, span, consumed)
         if clear is not None:
             new_key = clear
     new_value: Any = SAME
     if value is not None and selection.value != frozenset():
-        clear = _part(opening, VALUE, value, key, selection.value)
+        clear = _part(opening, VALUE, value, key, selection.value, area, span, consumed)
         if clear is not None:
             new_value = clear
     headers: Any = SAME
-    if span[10] and selection.headers != frozenset():
-        headers = _headers(opening, area, span, key)
+    if span[10] and (selection.headers != frozenset() or consumed):
+        headers = _headers(opening, area, span, key, consumed)
     if headers is SAME and new_key is SAME:
         if new_value is SAME:
             out += area[span[0] : span[2]]
@@ -205,13 +241,23 @@ def _record(opening: _Opening, area: bytes, span: RecordSpan, out: bytearray) ->
 
 
 def _part(
-    opening: _Opening, part: str, data: bytes, identity: bytes | None, names: frozenset[str] | None
+    opening: _Opening,
+    part: str,
+    data: bytes,
+    identity: bytes | None,
+    names: frozenset[str] | None,
+    area: bytes = b"",
+    span: RecordSpan | None = None,
+    consumed: set[bytes] | None = None,
 ) -> bytes | None:
-    """The part in clear (whole, or with its fields), or None when it stays as stored."""
+    """The part in clear (whole, or with its fields), or None when it stays as stored. The headers
+    an Avro part's fields were restored from are added to ``consumed``."""
     if data[:3] == MAGIC:
         if names is not None and PAYLOAD not in names:
             return None
         return opening.open(data, part.encode(), identity)
+    if opening.avro is not None and data[:1] == b"\x00" and len(data) >= 5:
+        return _avro(opening, part, data, identity, area, span, consumed)
     if _TEXT_MAGIC not in data:
         return None  # no field can hold an envelope: not parsed
     try:
@@ -234,6 +280,46 @@ def _part(
 
 
 _KEEP = object()
+
+
+def _avro(
+    opening: _Opening,
+    part: str,
+    data: bytes,
+    identity: bytes | None,
+    area: bytes,
+    span: RecordSpan | None,
+    consumed: set[bytes] | None,
+) -> bytes | None:
+    """A Confluent-framed Avro part with its fields' envelopes opened, or None."""
+    headers: list[tuple[bytes, bytes | None]] = []
+    if span is not None and span[10]:
+        prefix = HEADER_PREFIX + part.encode()
+        headers = [(n, v) for n, v in record_headers(area, span[9], span[2]) if n.startswith(prefix)]
+    if not headers and _TEXT_MAGIC not in data and MAGIC not in data:
+        return None  # no field can hold an envelope: not decoded
+    schema_id = prefix_ref(data) or 0
+    assert opening.avro is not None
+    codec = opening.avro.codec(schema_id)
+    label = part.encode()
+    if codec is None:
+        error = opening.schema_errors.get(schema_id)
+        opening.refused(label, error or SchemaUnavailable(f"schema id {schema_id} not fetched", retriable=True))
+        return None
+
+    def open_(envelope: bytes, field: bytes) -> bytes | None:
+        return opening.open(envelope, field, identity)
+
+    try:
+        body, restored = decrypt_fields(codec, data[5:], part, opening.paths[part], headers, open_)
+    except AvroError as exc:
+        opening.refused(label, exc)
+        return None
+    if body is None:
+        return None
+    if consumed is not None:
+        consumed.update(restored)
+    return data[:5] + body
 
 
 def _decompress(codec: int, data: bytes) -> bytes:
@@ -274,11 +360,18 @@ def _every_field(opening: _Opening, node: Any, path: str, identity: bytes | None
     return changed
 
 
-def _headers(opening: _Opening, area: bytes, span: RecordSpan, identity: bytes | None) -> Any:
+def _headers(opening: _Opening, area: bytes, span: RecordSpan, identity: bytes | None, consumed: set[bytes]) -> Any:
+    """The header section with its envelopes opened and the ``consumed`` headers dropped, or SAME.
+    (``kanal.enc.*`` headers hold Avro fields' envelopes: they are opened with their fields.)"""
     names = opening.selection.headers
     result: list[tuple[bytes, bytes | None]] = []
-    changed = False
+    changed = bool(consumed)
     for name, value in record_headers(area, span[9], span[2]):
+        if name in consumed:
+            continue
+        if name.startswith(HEADER_PREFIX) or names == frozenset():
+            result.append((name, value))
+            continue
         if value is not None and value[:3] == MAGIC and (names is None or name.decode("utf-8", "replace") in names):
             clear = opening.open(value, b"header:" + name, identity)
             if clear is not None:

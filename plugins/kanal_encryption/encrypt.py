@@ -4,7 +4,9 @@ One pass over the core's record walk (``record_spans``), the record written from
 with the encrypted parts (``write_record`` when only the value changes); the batch is framed again
 by ``RecordBatch.with_records`` (codec and CRC). Data keys come from a :class:`KeySource` (the DEK
 cache): a key id without a template is looked up once per batch, templated ones once per distinct
-key id in the batch, before the pass, so the pass itself never waits.
+key id in the batch, before the pass, so the pass itself never waits. With a schema registry
+(:class:`~kanal_encryption.avro_fields.AvroSchemas`), the writer schemas of the Confluent-framed
+Avro parts whose fields are listed are fetched before the pass too, once per schema id.
 """
 
 from __future__ import annotations
@@ -15,9 +17,11 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 import orjson
+from kanal_schemas import prefix_ref
 
 from kanal.api import RecordBatch, RecordSpan, record_headers, record_spans, records_area, write_record
 
+from .avro_fields import AvroError, AvroSchemas, SealedAlready, encrypt_fields, framed_ids
 from .crypto.envelope import TEXT_MAGIC, EnvelopeError, Sealer, is_envelope, parse
 from .records import SAME, encode_headers, write_parts
 from .targets import VALUE, Target, associated_data
@@ -64,28 +68,49 @@ class Plan:
         return self.value_payload is not None and self.targets == (self.value_payload,)
 
 
-async def encrypt_batch(plan: Plan, topic: str, batch: RecordBatch, keys: KeySource) -> bytes:
-    """The batch's bytes with its records encrypted. Raises EncryptionFailed, or the KMS's error."""
+async def encrypt_batch(
+    plan: Plan, topic: str, batch: RecordBatch, keys: KeySource, avro: AvroSchemas | None = None
+) -> bytes:
+    """The batch's bytes with its records encrypted. Raises EncryptionFailed, the KMS's error, or
+    SchemaUnavailable (the schema of an Avro part cannot be had)."""
     area, start = records_area(batch)
     count = batch.records_count
     spans = record_spans(area, start, count, len(area))
     topic_b = topic.encode()
     out = bytearray()
+    if avro is not None and (plan.value_fields or plan.key_fields):
+        await _schemas(plan, area, spans, avro)
+    else:
+        avro = None
     try:
-        sealers = await _sealers(plan, topic, area, spans, keys)
+        sealers = await _sealers(plan, topic, area, spans, keys, avro)
         payload = plan.value_payload
         if plan.value_only and payload is not None and payload.template.constant is not None:
             _values(plan, topic_b, area, spans, sealers[(payload, payload.template.constant)], out)
         else:
             for span in spans:
-                _record(plan, topic, topic_b, area, span, sealers, out)
+                _record(plan, topic, topic_b, area, span, sealers, out, avro)
     except TemplateError as exc:
         raise EncryptionFailed(f"a key id cannot be made for a record: {exc}") from None
     return batch.with_records(out, count)
 
 
+async def _schemas(plan: Plan, area: bytes, spans: Sequence[RecordSpan], avro: AvroSchemas) -> None:
+    """Fetches the schemas of the batch's framed parts whose fields are listed; raises the first
+    SchemaUnavailable (the partition fails: retriably while the registry is away)."""
+    parts: list[bytes | None] = []
+    for span in spans:
+        if plan.value_fields and span[8] >= 0:
+            parts.append(area[span[8] : span[8] + 5])
+        if plan.key_fields and span[6] >= 0:
+            parts.append(area[span[6] : span[6] + 5])
+    failed = await avro.prepare(framed_ids(parts))
+    if failed:
+        raise failed[min(failed)]
+
+
 async def _sealers(
-    plan: Plan, topic: str, area: bytes, spans: Sequence[RecordSpan], keys: KeySource
+    plan: Plan, topic: str, area: bytes, spans: Sequence[RecordSpan], keys: KeySource, avro: AvroSchemas | None = None
 ) -> dict[tuple[Target, str], Sealer]:
     """A sealer per (target, key id) the batch needs, each reserving as many seals as records."""
     wanted: dict[tuple[Target, str], int] = {}
@@ -95,7 +120,7 @@ async def _sealers(
             wanted[(target, constant)] = len(spans)
             continue
         for span in spans:
-            key_id = target.template.render(_view(topic, area, span, target))
+            key_id = target.template.render(_view(topic, area, span, target, avro))
             wanted[(target, key_id)] = wanted.get((target, key_id), 0) + 1
     sealers = {}
     for (target, key_id), records in wanted.items():
@@ -104,8 +129,9 @@ async def _sealers(
     return sealers
 
 
-def _view(topic: str, area: bytes, span: RecordSpan, target: Target) -> RecordView:
-    """What ``target``'s template reads of a record (the value parsed only when it reads fields)."""
+def _view(topic: str, area: bytes, span: RecordSpan, target: Target, avro: AvroSchemas | None = None) -> RecordView:
+    """What ``target``'s template reads of a record (the value parsed only when it reads fields:
+    JSON, or Avro decoded with its schema)."""
     template = target.template
     key = None if span[6] < 0 else area[span[6] : span[7]]
     headers: dict[str, bytes | None] = {}
@@ -114,8 +140,14 @@ def _view(topic: str, area: bytes, span: RecordSpan, target: Target) -> RecordVi
     value = None
     if template.value_paths:
         raw = None if span[8] < 0 else area[span[8] : span[9]]
+        codec = None if avro is None or raw is None or raw[:1] != b"\x00" else avro.codec(prefix_ref(raw) or 0)
         try:
-            value = None if raw is None else orjson.loads(raw)
+            if codec is not None and raw is not None:
+                value = codec.decode(raw[5:])
+            else:
+                value = None if raw is None else orjson.loads(raw)
+        except AvroError as exc:
+            raise EncryptionFailed(f"key id {template.text!r} reads the value, which does not decode: {exc}") from None
         except orjson.JSONDecodeError:
             raise EncryptionFailed(f"key id {template.text!r} reads the value, which is not JSON") from None
     return RecordView(topic, key, headers, value)
@@ -150,23 +182,35 @@ def _record(
     span: RecordSpan,
     sealers: dict[tuple[Target, str], Sealer],
     out: bytearray,
+    avro: AvroSchemas | None = None,
 ) -> None:
     """One record, any targets: the key first (the others are bound to the key as stored)."""
     key = None if span[6] < 0 else area[span[6] : span[7]]
     value = None if span[8] < 0 else area[span[8] : span[9]]
+    added: list[tuple[bytes, bytes]] = []  # envelopes of Avro fields carried in headers
     new_key: Any = SAME
     if key is not None and (plan.key_payload is not None or plan.key_fields):
-        stored = _part(plan, topic, topic_b, area, span, key, None, plan.key_payload, plan.key_fields, sealers)
+        stored = _part(
+            plan, topic, topic_b, area, span, key, None, plan.key_payload, plan.key_fields, sealers, avro, added
+        )
         if stored is not None:
             new_key = key = stored
     new_value: Any = SAME
     if value is not None and (plan.value_payload is not None or plan.value_fields):
-        stored = _part(plan, topic, topic_b, area, span, value, key, plan.value_payload, plan.value_fields, sealers)
+        stored = _part(
+            plan, topic, topic_b, area, span, value, key, plan.value_payload, plan.value_fields, sealers, avro, added
+        )
         if stored is not None:
             new_value = stored
     headers: Any = SAME
     if plan.header_payload is not None or plan.header_fields:
-        headers = _headers(plan, topic, topic_b, area, span, key, sealers)
+        headers = _headers(plan, topic, topic_b, area, span, key, sealers, avro)
+    if added:
+        kept = record_headers(area, span[9], span[2]) if headers is SAME else headers
+        names = {name for name, _ in added}
+        headers = encode_headers([*((n, v) for n, v in kept if n not in names), *added])
+    elif headers is not SAME:
+        headers = encode_headers(headers)
     if headers is SAME and new_key is SAME:
         if new_value is SAME:
             out += area[span[0] : span[2]]
@@ -177,10 +221,15 @@ def _record(
 
 
 def _sealer(
-    target: Target, topic: str, area: bytes, span: RecordSpan, sealers: dict[tuple[Target, str], Sealer]
+    target: Target,
+    topic: str,
+    area: bytes,
+    span: RecordSpan,
+    sealers: dict[tuple[Target, str], Sealer],
+    avro: AvroSchemas | None = None,
 ) -> Sealer:
     constant = target.template.constant
-    key_id = constant if constant is not None else target.template.render(_view(topic, area, span, target))
+    key_id = constant if constant is not None else target.template.render(_view(topic, area, span, target, avro))
     return sealers[(target, key_id)]
 
 
@@ -195,8 +244,11 @@ def _part(
     payload: Target | None,
     fields: Sequence[Target],
     sealers: dict[tuple[Target, str], Sealer],
+    avro: AvroSchemas | None = None,
+    added: list[tuple[bytes, bytes]] | None = None,
 ) -> bytes | None:
-    """The part (key or value) as stored, or None when it stays as it is."""
+    """The part (key or value) as stored, or None when it stays as it is. An Avro part's fields
+    that are not strings or bytes leave their envelopes in ``added`` (headers to write)."""
     if payload is not None:
         if _encrypted(data):
             if plan.skip_encrypted:
@@ -204,12 +256,14 @@ def _part(
             raise AlreadyEncrypted(f"the record's {payload.part} is already encrypted")
         aad = associated_data(topic_b, payload.label, identity)
         return _sealer(payload, topic, area, span, sealers).seal(data, aad, plan.codec)
+    bound = b"\x00" if identity is None else b"\x01" + identity
+    if avro is not None and data[:1] == b"\x00" and len(data) >= 5:
+        return _avro(plan, topic, topic_b, area, span, data, bound, fields, sealers, avro, added)
     try:
         document = orjson.loads(data)
     except orjson.JSONDecodeError:
         raise EncryptionFailed(f"the record's {fields[0].part} is not JSON: its fields cannot be encrypted") from None
     changed = False
-    bound = b"\x00" if identity is None else b"\x01" + identity
     for target in fields:
         path = target.path
         assert path is not None
@@ -221,9 +275,51 @@ def _part(
                 continue
             raise AlreadyEncrypted(f"the field {path.text!r} is already encrypted")
         aad = _prefix(topic_b, target) + bound
-        path.set(document, _sealer(target, topic, area, span, sealers).seal_text(orjson.dumps(field), aad))
+        path.set(document, _sealer(target, topic, area, span, sealers, avro).seal_text(orjson.dumps(field), aad))
         changed = True
     return orjson.dumps(document) if changed else None
+
+
+def _avro(
+    plan: Plan,
+    topic: str,
+    topic_b: bytes,
+    area: bytes,
+    span: RecordSpan,
+    data: bytes,
+    bound: bytes,
+    fields: Sequence[Target],
+    sealers: dict[tuple[Target, str], Sealer],
+    avro: AvroSchemas,
+    added: list[tuple[bytes, bytes]] | None,
+) -> bytes | None:
+    """A Confluent-framed Avro part with its fields sealed, framed with the same schema id."""
+    schema_id = prefix_ref(data) or 0
+    codec = avro.codec(schema_id)
+    part = fields[0].part
+    if codec is None:  # (fetched before the pass, or the batch failed)
+        raise EncryptionFailed(f"the record's {part} names schema id {schema_id}, which was not fetched")
+
+    def seal(target: Target, clear: bytes) -> bytes:
+        return _sealer(target, topic, area, span, sealers, avro).seal(clear, _prefix(topic_b, target) + bound)
+
+    present: dict[bytes, bytes | None] = {}
+    if span[10]:
+        present = dict(record_headers(area, span[9], span[2]))
+    wanted = [(t.path, t.label, t) for t in fields if t.path is not None]
+    try:
+        body, headers = encrypt_fields(codec, data[5:], wanted, seal, present, plan.skip_encrypted)
+    except AvroError as exc:
+        raise EncryptionFailed(f"the record's {part} cannot be encrypted field by field: {exc}") from None
+    except SealedAlready as exc:
+        raise AlreadyEncrypted(f"the field {exc.path!r} is already encrypted") from None
+    if body is None:
+        return None
+    if headers:
+        if added is None:
+            raise EncryptionFailed(f"the record's {part} has fields whose envelopes need headers")
+        added.extend(headers)
+    return data[:5] + body
 
 
 _PREFIXES: dict[tuple[bytes, bytes], bytes] = {}
@@ -248,8 +344,9 @@ def _headers(
     span: RecordSpan,
     identity: bytes | None,
     sealers: dict[tuple[Target, str], Sealer],
+    avro: AvroSchemas | None = None,
 ) -> Any:
-    """The header section with the matching headers encrypted, or SAME."""
+    """The headers with the matching ones encrypted (a list, for :func:`encode_headers`), or SAME."""
     headers = record_headers(area, span[9], span[2])
     named = {t.label[len(b"header:") :]: t for t in plan.header_fields}
     payload = plan.header_payload
@@ -269,9 +366,9 @@ def _headers(
                 continue
             raise AlreadyEncrypted(f"the header {name.decode('utf-8', 'replace')!r} is already encrypted")
         aad = associated_data(topic_b, b"header:" + name, identity)
-        result.append((name, _sealer(target, topic, area, span, sealers).seal(value, aad, 0)))
+        result.append((name, _sealer(target, topic, area, span, sealers, avro).seal(value, aad, 0)))
         changed = True
-    return encode_headers(result) if changed else SAME
+    return result if changed else SAME
 
 
 def _encrypted(data: bytes) -> bool:

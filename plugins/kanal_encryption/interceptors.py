@@ -22,6 +22,7 @@ from kanal.api import (
     hookimpl,
 )
 
+from .avro_fields import AvroSchemas, SchemaUnavailable, registry_client
 from .compile import compile_plan, topic_pattern
 from .config import DecryptionConfig, EncryptionConfig, GatewayBlock
 from .crypto.deks import DekManager
@@ -122,6 +123,7 @@ class EncryptionInterceptor(Interceptor):
                 services, config.kms_connection_name, config.kms_config, config.max_encryptions_per_dek, config.gateway
             )
             self._plan = compile_plan(config, self._keys.locator)
+        self._avro = _schemas(services, config)
         self._wanted: dict[str, bool] = {}
 
     def wants_produce_records(self, topic: str) -> bool:
@@ -148,9 +150,11 @@ class EncryptionInterceptor(Interceptor):
                     data = await self._tokens.batch(batch, encode=True)
                 else:
                     assert self._plan is not None
-                    data = await encrypt_batch(self._plan, ctx.topic, batch, self)
+                    data = await encrypt_batch(self._plan, ctx.topic, batch, self, self._avro)
             except KmsError as exc:
                 return self._failed(ctx, f"the KMS failed: {exc}", retriable=exc.retriable)
+            except SchemaUnavailable as exc:
+                return self._failed(ctx, str(exc), retriable=exc.retriable)
             except EncryptionFailed as exc:
                 return self._failed(ctx, str(exc), retriable=False)
             except ValueError as exc:  # a key id that is not a key name; a record that does not parse
@@ -194,6 +198,8 @@ class EncryptionInterceptor(Interceptor):
             await self._keys.aclose()
         if self._tokens is not None:
             await self._tokens.aclose()
+        if self._avro is not None:
+            await self._avro.aclose()
 
 
 class DecryptionInterceptor(Interceptor):
@@ -223,6 +229,7 @@ class DecryptionInterceptor(Interceptor):
             except PathError as exc:
                 raise InterceptorConfigError(f"{where}: {exc}") from None
         self._found: dict[str, tuple[Kms, str]] = {}
+        self._avro = _schemas(services, config)
 
     @hookimpl
     async def kanal_fetch_records(self, ctx: RecordsContext) -> RecordsResult:
@@ -241,7 +248,7 @@ class DecryptionInterceptor(Interceptor):
                     data = await self._tokens.batch(batch, encode=False)
                     count = batch.records_count
                 else:
-                    data, count = await decrypt_batch(self._selection, ctx.topic, batch, self, failed)
+                    data, count = await decrypt_batch(self._selection, ctx.topic, batch, self, failed, self._avro)
             except DecryptionFailed as exc:
                 self._report(ctx, str(exc))
                 return PartitionError(int(ErrorCode.resource_not_found), f"decryption failed: {exc}")
@@ -295,6 +302,8 @@ class DecryptionInterceptor(Interceptor):
             await self._keys.aclose()
         if self._tokens is not None:
             await self._tokens.aclose()
+        if self._avro is not None:
+            await self._avro.aclose()
 
 
 def _tokenization(services: GatewayServices, config: EncryptionConfig | DecryptionConfig) -> Tokenization | None:
@@ -304,6 +313,16 @@ def _tokenization(services: GatewayServices, config: EncryptionConfig | Decrypti
     found = None if name is None else runtime_of(services).connections.get(normalize(name))
     inline = None if config.kms_config is None else parse_kms_config(config.kms_config)
     return tokenization_of(found, inline, KmsPool(), config.record_value, config.record_key)
+
+
+def _schemas(services: GatewayServices, config: EncryptionConfig | DecryptionConfig) -> AvroSchemas | None:
+    """The schemas of the interceptor's registry (Avro fields), when it names one."""
+    client = registry_client(
+        services.settings("GATEWAY_EXTERNAL_CONNECTION_"),
+        config.schema_registry_connection_name,
+        config.schema_registry_config,
+    )
+    return None if client is None else AvroSchemas(client)
 
 
 def _names(fields: list[str] | None) -> frozenset[str] | None:

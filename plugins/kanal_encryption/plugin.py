@@ -5,7 +5,9 @@ Public plugin API only (``kanal.api``):
 * ``kanal_interceptor_types``: the ``encryption``, ``decryption`` and ``masking`` interceptor types;
 * ``kanal_settings``: the family ``GATEWAY_EXTERNAL_CONNECTION_*`` for its KMS connections (types
   VAULT, AWS_KMS, AZURE_KEY_VAULT, GCP_KMS), checked at startup;
-* ``kanal_settings`` also: ``GATEWAY_ENCRYPTION_KEYS_TOPIC``, the gateway KMS's keys topic (default
+* ``kanal_settings`` also: schema registry connections in the same family (read, so Avro field
+  encryption's ``schemaRegistryConnectionName`` works without the topic views plugin), and
+  ``GATEWAY_ENCRYPTION_KEYS_TOPIC``, the gateway KMS's keys topic (default
   ``_kanal_<GATEWAY_CLUSTER_ID>_encryption_keys``);
 * ``kanal_admin_routes``: ``/gateway/v2/encryption-key`` (the gateway KMS's key ids; DELETE one for
   crypto shredding, see :mod:`kanal_encryption.admin`);
@@ -19,6 +21,7 @@ import trio
 
 from kanal.api import AdminRoutes, GatewayServices, Interceptor, Service, SettingsFamily, hookimpl
 
+from .avro_fields import check_registry_connections
 from .interceptors import DecryptionInterceptor, EncryptionInterceptor
 from .kms.connections import PREFIX, check_kms_connections
 from .kms.keystore import TOPIC_SETTING
@@ -35,7 +38,11 @@ def kanal_interceptor_types() -> list[type[Interceptor]]:
 
 @hookimpl
 def kanal_settings() -> list[str | SettingsFamily]:
-    return [SettingsFamily(PREFIX, check_kms_connections), TOPIC_SETTING]
+    return [
+        SettingsFamily(PREFIX, check_kms_connections),
+        SettingsFamily(PREFIX, check_registry_connections),
+        TOPIC_SETTING,
+    ]
 
 
 @hookimpl
