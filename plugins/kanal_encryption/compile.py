@@ -20,14 +20,29 @@ from .paths import PathError, parse_path
 from .targets import HEADER, KEY, VALUE, Target, path_label
 from .templates import TemplateError, parse_template
 
-__all__ = ["compile_plan", "topic_pattern"]
+__all__ = ["Topics", "compile_plan"]
 
 
-def topic_pattern(text: str) -> re.Pattern[str]:
-    try:
-        return re.compile(text)
-    except re.error as exc:
-        raise InterceptorConfigError(f"topic: not a regular expression ({exc})") from None
+class Topics:
+    """The ``topic`` regex of an interceptor (matching whole names), its answers remembered: it is
+    asked for every request's topics."""
+
+    __slots__ = ("_pattern", "_seen")
+
+    def __init__(self, text: str) -> None:
+        try:
+            self._pattern = re.compile(text)
+        except re.error as exc:
+            raise InterceptorConfigError(f"topic: not a regular expression ({exc})") from None
+        self._seen: dict[str, bool] = {}
+
+    def matches(self, topic: str) -> bool:
+        seen = self._seen.get(topic)
+        if seen is None:
+            if len(self._seen) > 10_000:
+                self._seen.clear()
+            seen = self._seen[topic] = self._pattern.fullmatch(topic) is not None
+        return seen
 
 
 def compile_plan(config: EncryptionConfig, locator: Locator) -> Plan:

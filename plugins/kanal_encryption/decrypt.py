@@ -27,7 +27,7 @@ from typing import Any, Protocol
 import orjson
 from kanal_schemas import prefix_ref
 
-from kanal.api import RecordBatch, RecordSpan, record_headers, record_spans, records_area, write_record
+from kanal.api import RecordBatch, RecordSpan, record_headers, record_spans, records_area
 
 from .avro_fields import HEADER_PREFIX, AvroError, AvroSchemas, SchemaUnavailable, decrypt_fields, framed_ids
 from .crypto.ciphers import DecryptError
@@ -35,7 +35,7 @@ from .crypto.compression import decompress
 from .crypto.envelope import MAGIC, TEXT_MAGIC, Envelope, Opener, parse
 from .kms.base import KmsError
 from .paths import FieldPath, parse_path
-from .records import SAME, encode_headers, write_parts
+from .records import SAME, encode_headers, write_changed
 from .targets import KEY, VALUE, associated_data, path_label
 
 __all__ = ["DecryptionFailed", "OpenerSource", "Selection", "decrypt_batch"]
@@ -231,13 +231,7 @@ def _record(opening: _Opening, area: bytes, span: RecordSpan, out: bytearray) ->
     headers: Any = SAME
     if span[10] and (selection.headers != frozenset() or consumed):
         headers = _headers(opening, area, span, key, consumed)
-    if headers is SAME and new_key is SAME:
-        if new_value is SAME:
-            out += area[span[0] : span[2]]
-        else:
-            write_record(out, area, span, new_value)
-    else:
-        write_parts(out, area, span, new_key, new_value, headers)
+    write_changed(out, area, span, new_key, new_value, headers)
 
 
 def _part(

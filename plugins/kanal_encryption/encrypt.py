@@ -23,7 +23,7 @@ from kanal.api import RecordBatch, RecordSpan, record_headers, record_spans, rec
 
 from .avro_fields import AvroError, AvroSchemas, SealedAlready, encrypt_fields, framed_ids
 from .crypto.envelope import TEXT_MAGIC, EnvelopeError, Sealer, is_envelope, parse
-from .records import SAME, encode_headers, write_parts
+from .records import SAME, encode_headers, write_changed
 from .targets import VALUE, Target, associated_data
 from .templates import RecordView, TemplateError
 
@@ -211,13 +211,7 @@ def _record(
         headers = encode_headers([*((n, v) for n, v in kept if n not in names), *added])
     elif headers is not SAME:
         headers = encode_headers(headers)
-    if headers is SAME and new_key is SAME:
-        if new_value is SAME:
-            out += area[span[0] : span[2]]
-        else:
-            write_record(out, area, span, new_value)
-    else:
-        write_parts(out, area, span, new_key, new_value, headers)
+    write_changed(out, area, span, new_key, new_value, headers)
 
 
 def _sealer(

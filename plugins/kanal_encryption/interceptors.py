@@ -23,7 +23,7 @@ from kanal.api import (
 )
 
 from .avro_fields import AvroSchemas, SchemaUnavailable, registry_client
-from .compile import compile_plan, topic_pattern
+from .compile import Topics, compile_plan
 from .config import DecryptionConfig, EncryptionConfig, GatewayBlock
 from .crypto.deks import DekManager
 from .crypto.envelope import Envelope, Opener, Sealer
@@ -113,7 +113,7 @@ class EncryptionInterceptor(Interceptor):
 
     def __init__(self, config: EncryptionConfig, services: GatewayServices) -> None:
         super().__init__(config, services)
-        self._topic = topic_pattern(config.topic)
+        self._topics = Topics(config.topic)
         self._metrics = runtime_of(services).metrics
         self._tokens = _tokenization(services, config)
         self._keys: _Keys | None = None
@@ -124,15 +124,9 @@ class EncryptionInterceptor(Interceptor):
             )
             self._plan = compile_plan(config, self._keys.locator)
         self._avro = _schemas(services, config)
-        self._wanted: dict[str, bool] = {}
 
     def wants_produce_records(self, topic: str) -> bool:
-        wanted = self._wanted.get(topic)
-        if wanted is None:
-            if len(self._wanted) > 10_000:
-                self._wanted.clear()
-            wanted = self._wanted[topic] = self._topic.fullmatch(topic) is not None
-        return wanted
+        return self._topics.matches(topic)
 
     @hookimpl
     async def kanal_produce_records(self, ctx: RecordsContext) -> RecordsResult:
@@ -211,7 +205,7 @@ class DecryptionInterceptor(Interceptor):
 
     def __init__(self, config: DecryptionConfig, services: GatewayServices) -> None:
         super().__init__(config, services)
-        self._topic = topic_pattern(config.topic)
+        self._topics = Topics(config.topic)
         self._metrics = runtime_of(services).metrics
         self._tokens = _tokenization(services, config)
         self._keys: _Keys | None = None
@@ -233,7 +227,7 @@ class DecryptionInterceptor(Interceptor):
 
     @hookimpl
     async def kanal_fetch_records(self, ctx: RecordsContext) -> RecordsResult:
-        if self._topic.fullmatch(ctx.topic) is None or ctx.records.has_legacy:
+        if not self._topics.matches(ctx.topic) or ctx.records.has_legacy:
             return None
         decrypted = 0
 

@@ -58,7 +58,7 @@ from kanal.api import (
     write_record,
 )
 
-from .compile import topic_pattern
+from .compile import Topics
 from .config import MaskingConfig, MaskingRule
 from .paths import PathError
 from .runtime import runtime_of
@@ -261,23 +261,14 @@ class MaskingInterceptor(Interceptor):
 
     def __init__(self, config: MaskingConfig, services: GatewayServices) -> None:
         super().__init__(config, services)
-        self._topic = topic_pattern(config.topic)
+        self._topics = Topics(config.topic)
         self._fields = _compile(config)
         self._fail = config.error_policy == "fail_fetch"
         self._metrics = masking_metrics_of(services)
-        self._wanted: dict[str, bool] = {}
-
-    def _wants(self, topic: str) -> bool:
-        wanted = self._wanted.get(topic)
-        if wanted is None:
-            if len(self._wanted) > 10_000:
-                self._wanted.clear()
-            wanted = self._wanted[topic] = self._topic.fullmatch(topic) is not None
-        return wanted
 
     @hookimpl
     def kanal_fetch_records(self, ctx: RecordsContext) -> RecordsResult:
-        if not self._wants(ctx.topic):
+        if not self._topics.matches(ctx.topic):
             return None
         records = ctx.records
         if records.has_legacy and self._fail:  # (message format v0/v1: opaque to the gateway)

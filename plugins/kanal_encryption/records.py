@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from kanal.api import RecordSpan, encode_varint
+from kanal.api import RecordSpan, encode_varint, write_record
 
-__all__ = ["SAME", "encode_headers", "write_parts"]
+__all__ = ["SAME", "encode_headers", "write_changed", "write_parts"]
 
 _NULL = encode_varint(-1)
 
@@ -60,3 +60,22 @@ def write_parts(
     out += key_part
     out += value_part
     out += header_part
+
+
+def write_changed(
+    out: bytearray,
+    b: bytes,
+    span: RecordSpan,
+    key: bytes | Same | None = SAME,
+    value: bytes | Same | None = SAME,
+    headers: bytes | Same = SAME,
+) -> None:
+    """Appends the record of ``span`` as cheaply as its changes allow: copied when none, the
+    compiled ``write_record`` when only the value changed, else :func:`write_parts`."""
+    if isinstance(key, Same) and isinstance(headers, Same):
+        if isinstance(value, Same):
+            out += b[span[0] : span[2]]
+        else:
+            write_record(out, b, span, value)
+    else:
+        write_parts(out, b, span, key, value, headers)
