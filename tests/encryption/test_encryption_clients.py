@@ -4,6 +4,7 @@ is scoped to reads clear text, everyone else reads ciphertext."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 import time
@@ -144,3 +145,73 @@ def test_a_stopped_kms_fails_produce_retriably_stores_nothing_in_clear_and_recov
 
     stored = [m.value() for m in consume(direct(tansu), topic, 2)]
     assert all(is_envelope(v) for v in stored) and not any(b"KMS is away" in v or b"before" in v for v in stored)
+
+
+def test_kafka_python_and_aiokafka_read_what_their_principal_may(
+    gateway: Gateway, tansu: TansuBroker, unique_topic: Callable[..., str]
+) -> None:
+    from aiokafka import AIOKafkaConsumer
+    from aiokafka import TopicPartition as AioPartition
+    from kafka import KafkaConsumer, KafkaProducer, TopicPartition
+
+    topic = "enc-payload-" + unique_topic()
+    create_topic(login(gateway, "writer"), topic)
+    writer = login(gateway, "writer")
+    producer = KafkaProducer(
+        bootstrap_servers=writer["bootstrap.servers"],
+        security_protocol="SASL_PLAINTEXT",
+        sasl_mechanism="PLAIN",
+        sasl_plain_username="writer",
+        sasl_plain_password=writer["sasl.password"],
+    )
+    values = [b"secret-%d" % i for i in range(3)]
+    for value in values:
+        producer.send(topic, value, partition=0).get(timeout=15)
+    producer.close()
+    assert all(is_envelope(m.value()) for m in consume(direct(tansu), topic, 3))
+
+    reader = login(gateway, "reader")
+    consumer = KafkaConsumer(
+        bootstrap_servers=reader["bootstrap.servers"],
+        security_protocol="SASL_PLAINTEXT",
+        sasl_mechanism="PLAIN",
+        sasl_plain_username="reader",
+        sasl_plain_password=reader["sasl.password"],
+        enable_auto_commit=False,
+    )
+    partition = TopicPartition(topic, 0)
+    consumer.assign([partition])
+    consumer.seek_to_beginning(partition)
+    got: list[bytes] = []
+    deadline = time.monotonic() + 30
+    while len(got) < 3 and time.monotonic() < deadline:
+        for batch in consumer.poll(timeout_ms=500).values():
+            got.extend(record.value for record in batch)
+    consumer.close()
+    assert got == values
+
+    async def other() -> list[bytes]:  # out of the decryption's scope: ciphertext
+        writer = login(gateway, "writer")
+        aio = AIOKafkaConsumer(
+            bootstrap_servers=writer["bootstrap.servers"],
+            security_protocol="SASL_PLAINTEXT",
+            sasl_mechanism="PLAIN",
+            sasl_plain_username="writer",
+            sasl_plain_password=writer["sasl.password"],
+            enable_auto_commit=False,
+        )
+        await aio.start()
+        try:
+            aio.assign([AioPartition(topic, 0)])
+            await aio.seek_to_beginning(AioPartition(topic, 0))
+            values: list[bytes] = []
+            deadline = time.monotonic() + 30
+            while len(values) < 3 and time.monotonic() < deadline:
+                fetched = await aio.getmany(timeout_ms=500)
+                values.extend(record.value for records in fetched.values() for record in records)
+            return values
+        finally:
+            await aio.stop()
+
+    stored = asyncio.run(other())
+    assert len(stored) == 3 and all(is_envelope(v) for v in stored)
