@@ -279,3 +279,40 @@ def test_configs_that_cannot_work_are_refused_naming_the_problem(config: dict[st
 
 def test_the_in_memory_kms_is_one_per_process() -> None:
     assert isinstance(Keys().locator.locate(KEY).kms, InMemoryKms)
+
+
+def test_whole_values_decrypt_record_by_record_whatever_sits_between_them() -> None:
+    """Values under one data key, with a tampered one, one under another key, a clear one and a
+    tombstone among them: each envelope decrypts or is reported on its own."""
+    keys = Keys()
+    first = _plan(keys, kmsConfig={}, recordValue={"payload": {"keySecretId": KEY}})
+    other = _plan(keys, kmsConfig={}, recordValue={"payload": {"keySecretId": "in-memory-kms://other"}})
+
+    async def sealed(plan: Any, values: list[bytes], keyed: bool) -> list[Record]:
+        batch = _batch(
+            [Record(offset_delta=i, key=b"k%d" % i if keyed else None, value=v) for i, v in enumerate(values)]
+        )
+        return RecordBatch.from_bytes(await encrypt_batch(plan, "orders", batch, keys)).records()
+
+    async def run() -> None:
+        a = await sealed(first, [b"a0", b"a1", b"a2", b"a3"], keyed=True)
+        b = await sealed(other, [b"b0"], keyed=False)
+        tampered = bytearray(a[2].value or b"")
+        tampered[-1] ^= 1
+        mixed = [
+            (a[0].key, a[0].value),
+            (a[1].key, a[1].value),
+            (a[2].key, bytes(tampered)),
+            (None, b[0].value),
+            (b"clear", b"clear value"),
+            (b"t", None),
+            (a[3].key, a[3].value),
+        ]
+        batch = _batch([Record(offset_delta=i, key=k, value=v) for i, (k, v) in enumerate(mixed)])
+        failures: list[Any] = []
+        data, count = await decrypt_batch(Selection(), "orders", batch, keys, lambda *f: failures.append(f))
+        assert data is not None and count == 4 and len(failures) == 1
+        values = [r.value for r in RecordBatch.from_bytes(data).records()]
+        assert values == [b"a0", b"a1", bytes(tampered), b"b0", b"clear value", None, b"a3"]
+
+    trio.run(run)
