@@ -113,7 +113,8 @@ async def decrypt_batch(
     whole_values = avro is None and (selection.value is None or PAYLOAD in selection.value)
     i = 0
     while i < len(spans):
-        if whole_values and opening.fast is not None:
+        fast = opening.fast
+        if whole_values and fast is not None and spans[i][8] >= 0 and area.startswith(fast[0], spans[i][8]):
             i = _whole_values(opening, area, spans, i, out)
             if i == len(spans):
                 break
