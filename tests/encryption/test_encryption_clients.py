@@ -215,3 +215,25 @@ def test_kafka_python_and_aiokafka_read_what_their_principal_may(
 
     stored = asyncio.run(other())
     assert len(stored) == 3 and all(is_envelope(v) for v in stored)
+
+
+def test_fetch_responses_are_decrypted_on_their_frame_without_decoding_them(
+    gateway: Gateway, tansu: TansuBroker, unique_topic: Callable[..., str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from kanal.net import connection
+
+    decoded: list[int] = []
+    real = connection._decoded
+
+    def counting(pending: Any, frame: bytearray) -> Any:
+        decoded.append(pending.api_key)
+        return real(pending, frame)
+
+    monkeypatch.setattr(connection, "_decoded", counting)
+    topic = "enc-payload-" + unique_topic()
+    writer = login(gateway, "writer")
+    create_topic(writer, topic)
+    values = [b"v%d" % i * 100 for i in range(20)]
+    produce(writer, topic, [(None, v, []) for v in values])
+    assert [m.value() for m in consume(login(gateway, "reader"), topic, 20)] == values
+    assert 1 not in decoded  # (librdkafka fetches with v12+: the record sets were replaced in the frame)

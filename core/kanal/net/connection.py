@@ -32,6 +32,7 @@ from kanal.pipeline.wire import ResponseFix, WirePath, id_map, streams
 from kanal.protocol.api import ApiKey, api_name, request_class, response_class
 from kanal.protocol.api_versions import RecentAnswers
 from kanal.protocol.error_responses import error_response
+from kanal.protocol.fetch_records import FIRST_VERSION as FETCH_FRAME_VERSION
 from kanal.protocol.framing import FrameReader, FrameTooLarge, InvalidFrame
 from kanal.protocol.headers import (
     InvalidHeader,
@@ -996,11 +997,30 @@ class ClientConnection:
         rewritten = self.gateway.core_rules.response(api_key, version, body)
         return frame if rewritten is body else encode_response(rewritten, pending.client_corr)
 
+    def _records_in_frame(self, pending: Pending, frame: bytearray) -> bool:
+        """Whether a Fetch response's records hooks can run on its frame: flexible, no response
+        hook wanting the decoded body, no leader hints for the core to rewrite."""
+        if pending.api_key != ApiKey.FETCH or pending.api_version < FETCH_FRAME_VERSION:
+            return False
+        chain = self.dispatcher().chain
+        if not chain.fetch_records or chain.responses_for(ApiKey.FETCH):
+            return False
+        return not has_node_endpoints(pending.api_key, pending.api_version, frame)
+
     async def _process_response(self, pending: Pending, frame: bytearray) -> bytearray:
         if not pending.decode:
             return self._plain_response(pending, frame)
         for fix in pending.fixes:
             frame = fix(frame)
+        if self._records_in_frame(pending, frame):
+            try:
+                done = await self.dispatcher().fetch_records_in_frame(
+                    self.info, pending.api_version, pending.client_id, frame
+                )
+            except InvalidHeader as exc:
+                log.debug("Fetch response decoded: its frame does not walk: %s", exc, extra=self._fields())
+            else:
+                return frame if done is None else done
         body = _decoded(pending, frame)
         if body is None:
             return frame

@@ -28,13 +28,14 @@ from typing import Any
 import trio
 from kio.schema.errors import ErrorCode
 
-from kanal.api.context import Notes, RecordsContext, RequestContext, ResponseContext
+from kanal.api.context import Connection, Notes, RecordsContext, RequestContext, ResponseContext
 from kanal.api.results import Close, PartitionError, Reject, Respond
 from kanal.api.services import TopicNames
 from kanal.pipeline.chain import Entry, ResolvedChain
 from kanal.protocol.api import ApiKey
 from kanal.protocol.entities import build, has_field, nested
 from kanal.protocol.error_responses import error_response
+from kanal.protocol.fetch_records import RecordsEdit, fetch_records, splice_records
 from kanal.protocol.messages import response_type
 from kanal.protocol.records import RecordSet
 
@@ -323,6 +324,32 @@ class Dispatcher:
                 partitions.append(part)
             topics.append(replace(topic, partitions=tuple(partitions)) if changed else topic)
         return replace(response, responses=tuple(topics)) if changed else response
+
+    async def fetch_records_in_frame(
+        self, connection: Connection, api_version: int, client_id: str | None, frame: bytearray
+    ) -> bytearray | None:
+        """Runs the fetch records hooks over the record sets of a Fetch v12+ response frame, when no
+        response hook needs the decoded body: the frame with the changed record sets and failed
+        partitions spliced in, or None when nothing changed. Raises InvalidHeader for a frame that
+        does not parse (the caller then decodes it)."""
+        entries = self.chain.fetch_records
+        edits = []
+        for topic in fetch_records(frame, api_version):
+            name = topic.name
+            if name is None:
+                assert topic.topic_id is not None
+                name = await self.topic_names.resolve(topic.topic_id)
+            for part in topic.partitions:
+                if part.start < 0 or part.error_code != 0:
+                    continue
+                records = RecordSet.parse(frame[part.start : part.end])
+                rctx = RecordsContext(connection, ApiKey.FETCH, api_version, client_id, name, part.partition, records)
+                outcome = await self.records(entries, rctx, "fetch_records", ApiKey.FETCH)
+                if outcome is not None:  # (empty, not null: librdkafka reads a null record set as broken)
+                    edits.append(RecordsEdit(part, b"", outcome.error_code))
+                elif records.changed():
+                    edits.append(RecordsEdit(part, records.to_bytes() or b""))
+        return splice_records(frame, edits) if edits else None
 
 
 def merge_partition_errors(response: Any, failures: list[PartitionFailure]) -> Any:
