@@ -104,7 +104,32 @@ class _Keys:
         await self.pool.aclose()
 
 
-class EncryptionInterceptor(Interceptor):
+class _CryptoInterceptor(Interceptor):
+    """What the encryption and decryption types share: their topics, tokenization or data keys,
+    a schema registry for Avro, metrics, and closing them."""
+
+    def __init__(
+        self, config: EncryptionConfig | DecryptionConfig, services: GatewayServices, max_records: int
+    ) -> None:
+        super().__init__(config, services)
+        self._topics = Topics(config.topic)
+        self._metrics = runtime_of(services).metrics
+        self._tokens = _tokenization(services, config)
+        self._keys: _Keys | None = None
+        if self._tokens is None:
+            self._keys = _Keys(services, config.kms_connection_name, config.kms_config, max_records, config.gateway)
+        self._avro = _schemas(services, config)
+
+    async def aclose(self) -> None:
+        if self._keys is not None:
+            await self._keys.aclose()
+        if self._tokens is not None:
+            await self._tokens.aclose()
+        if self._avro is not None:
+            await self._avro.aclose()
+
+
+class EncryptionInterceptor(_CryptoInterceptor):
     """Encrypts the configured parts of the records produced to matching topics."""
 
     plugin_name = "encryption"
@@ -112,18 +137,8 @@ class EncryptionInterceptor(Interceptor):
     config_type = EncryptionConfig
 
     def __init__(self, config: EncryptionConfig, services: GatewayServices) -> None:
-        super().__init__(config, services)
-        self._topics = Topics(config.topic)
-        self._metrics = runtime_of(services).metrics
-        self._tokens = _tokenization(services, config)
-        self._keys: _Keys | None = None
-        self._plan: Plan | None = None
-        if self._tokens is None:
-            self._keys = _Keys(
-                services, config.kms_connection_name, config.kms_config, config.max_encryptions_per_dek, config.gateway
-            )
-            self._plan = compile_plan(config, self._keys.locator)
-        self._avro = _schemas(services, config)
+        super().__init__(config, services, config.max_encryptions_per_dek)
+        self._plan: Plan | None = None if self._keys is None else compile_plan(config, self._keys.locator)
 
     def wants_produce_records(self, topic: str) -> bool:
         return self._topics.matches(topic)
@@ -187,16 +202,8 @@ class EncryptionInterceptor(Interceptor):
         code = ErrorCode.request_timed_out if retriable else ErrorCode.invalid_record
         return PartitionError(int(code), f"encryption failed: {reason}")
 
-    async def aclose(self) -> None:
-        if self._keys is not None:
-            await self._keys.aclose()
-        if self._tokens is not None:
-            await self._tokens.aclose()
-        if self._avro is not None:
-            await self._avro.aclose()
 
-
-class DecryptionInterceptor(Interceptor):
+class DecryptionInterceptor(_CryptoInterceptor):
     """Decrypts what it can of the records fetched from matching topics."""
 
     plugin_name = "decryption"
@@ -204,13 +211,7 @@ class DecryptionInterceptor(Interceptor):
     config_type = DecryptionConfig
 
     def __init__(self, config: DecryptionConfig, services: GatewayServices) -> None:
-        super().__init__(config, services)
-        self._topics = Topics(config.topic)
-        self._metrics = runtime_of(services).metrics
-        self._tokens = _tokenization(services, config)
-        self._keys: _Keys | None = None
-        if self._tokens is None:
-            self._keys = _Keys(services, config.kms_connection_name, config.kms_config, 1, config.gateway)
+        super().__init__(config, services, 1)
         self._selection = Selection(
             value=_names(config.record_value_fields),
             key=_names(config.record_key_fields),
@@ -223,7 +224,6 @@ class DecryptionInterceptor(Interceptor):
             except PathError as exc:
                 raise InterceptorConfigError(f"{where}: {exc}") from None
         self._found: dict[str, tuple[Kms, str]] = {}
-        self._avro = _schemas(services, config)
 
     @hookimpl
     async def kanal_fetch_records(self, ctx: RecordsContext) -> RecordsResult:
@@ -290,14 +290,6 @@ class DecryptionInterceptor(Interceptor):
                 ctx.connection,
                 {"operation": "decrypt", "topic": ctx.topic, "partition": ctx.partition, "reason": reason},
             )
-
-    async def aclose(self) -> None:
-        if self._keys is not None:
-            await self._keys.aclose()
-        if self._tokens is not None:
-            await self._tokens.aclose()
-        if self._avro is not None:
-            await self._avro.aclose()
 
 
 def _tokenization(services: GatewayServices, config: EncryptionConfig | DecryptionConfig) -> Tokenization | None:
