@@ -37,6 +37,7 @@ class PartitionRecords(NamedTuple):
 class TopicRecords(NamedTuple):
     name: str | None  # (v12)
     topic_id: uuid.UUID | None  # (v13+)
+    id_at: int  # where the topic id is (-1 before v13): ids keep their length, so they are patched in place
     partitions: tuple[PartitionRecords, ...]
 
 
@@ -68,7 +69,9 @@ def _walk(frame: Frame, version: int) -> list[TopicRecords]:
     count, pos = read_uvarint(frame, pos)
     for _ in range(count - 1):
         name = topic_id = None
+        id_at = -1
         if version >= 13:
+            id_at = pos
             topic_id = uuid.UUID(bytes=bytes(frame[pos : pos + 16]))
             pos += 16
         else:
@@ -93,7 +96,7 @@ def _walk(frame: Frame, version: int) -> list[TopicRecords]:
                 raise InvalidHeader("a record set runs past the end of the frame")
             partitions.append(PartitionRecords(partition, error_at, error_code, length_at, start, end))
             pos = skip_tagged_fields(frame, end)
-        topics.append(TopicRecords(name, topic_id, tuple(partitions)))
+        topics.append(TopicRecords(name, topic_id, id_at, tuple(partitions)))
         pos = skip_tagged_fields(frame, pos)
     pos = skip_tagged_fields(frame, pos)
     if pos != len(frame):

@@ -22,6 +22,7 @@ import uuid
 from collections.abc import Sequence
 from typing import NamedTuple
 
+from kanal.protocol.fetch_records import fetch_records
 from kanal.protocol.headers import InvalidHeader, RequestHeader, read_uvarint, skip_tagged_fields
 
 __all__ = ["NameSpan", "RequestNames", "fetch_response_ids", "produce_response_names", "request_names", "splice"]
@@ -102,12 +103,7 @@ def fetch_response_ids(frame: Frame, version: int) -> tuple[int, ...]:
     Raises InvalidHeader on a truncated or malformed frame."""
     if version < 13:
         return ()
-    try:
-        return _fetch_response_ids(frame)
-    except InvalidHeader:
-        raise
-    except (IndexError, struct.error, ValueError) as exc:
-        raise InvalidHeader(f"malformed Fetch v{version} response") from exc
+    return tuple(topic.id_at for topic in fetch_records(frame, version))
 
 
 def splice(frame: Frame, spans: Sequence[NameSpan], values: Sequence[str], flexible: bool) -> bytearray:
@@ -372,28 +368,3 @@ def _produce_response(frame: Frame, version: int) -> tuple[NameSpan, ...]:
         pos = skip_tagged_fields(frame, pos)  # node_endpoints (v10+)
     _at_end(frame, pos, "Produce response")
     return tuple(topics)
-
-
-def _fetch_response_ids(frame: Frame) -> tuple[int, ...]:
-    pos = skip_tagged_fields(frame, 4)  # after the correlation id
-    pos += 10  # throttle_time_ms, error_code, session_id
-    at: list[int] = []
-    count, pos = _count(frame, pos, True)
-    for _ in range(count):
-        at.append(pos)
-        pos += 16
-        partitions, pos = _count(frame, pos, True)
-        for _ in range(partitions):
-            pos += 30  # partition_index, error_code, high_watermark, last_stable_offset, log_start_offset
-            aborted, pos = read_uvarint(frame, pos)  # (nullable: 0 is null)
-            for _ in range(aborted - 1):
-                pos = skip_tagged_fields(frame, pos + 16)  # producer_id, first_offset
-            pos += 4  # preferred_read_replica
-            n, pos = read_uvarint(frame, pos)  # records (nullable)
-            if n:
-                pos += n - 1
-            pos = skip_tagged_fields(frame, pos)
-        pos = skip_tagged_fields(frame, pos)
-    pos = skip_tagged_fields(frame, pos)
-    _at_end(frame, pos, "Fetch response")
-    return tuple(at)
