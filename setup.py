@@ -1,6 +1,6 @@
-"""The one compiled module, the record walk of ``kanal.protocol.records.values``; the rest of the
-package is declared in pyproject.toml. Without a C compiler the install goes on and the pure-Python
-walk is used."""
+"""The compiled modules; the rest of the package is declared in pyproject.toml. Each is optional:
+without a C compiler (or OpenSSL's headers, for the encryption plugin's) the install goes on and
+the pure-Python reference of each is used."""
 
 from setuptools import Extension, setup
 
@@ -11,6 +11,13 @@ setup(
             ["core/kanal/protocol/records/_values.c"],
             extra_compile_args=["-O2"],
             optional=True,
-        )
+        ),
+        Extension(
+            "kanal_encryption.crypto._aead",
+            ["plugins/kanal_encryption/crypto/_aead.c"],
+            extra_compile_args=["-O2"],
+            libraries=["crypto"],
+            optional=True,
+        ),
     ]
 )

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import binascii
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import orjson
@@ -22,6 +22,7 @@ from kanal_schemas import prefix_ref
 from kanal.api import RecordBatch, RecordSpan, record_headers, record_spans, records_area, write_record
 
 from .avro_fields import AvroError, AvroSchemas, SealedAlready, encrypt_fields, framed_ids
+from .crypto.ciphers import COMPILED, Algorithm, seal_json_fields
 from .crypto.envelope import TEXT_MAGIC, EnvelopeError, Sealer, is_envelope, parse
 from .records import SAME, encode_headers, write_changed
 from .targets import VALUE, Target, associated_data
@@ -57,6 +58,12 @@ class Plan:
     header_fields: tuple[Target, ...]
     codec: int
     skip_encrypted: bool
+    #: Only value fields, under constant key ids, none inside another, by an algorithm the compiled
+    #: module has: the batch's JSON values are sealed by one compiled call (:func:`_splice`).
+    splice: bool = field(init=False, default=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "splice", _spliceable(self))
 
     @property
     def targets(self) -> tuple[Target, ...]:
@@ -85,7 +92,9 @@ async def encrypt_batch(
     try:
         sealers = await _sealers(plan, topic, area, spans, keys, avro)
         payload = plan.value_payload
-        if plan.value_only and payload is not None and payload.template.constant is not None:
+        if plan.splice:
+            _splice(plan, topic, topic_b, area, spans, sealers, out, avro)
+        elif plan.value_only and payload is not None and payload.template.constant is not None:
             _values(plan, topic_b, area, spans, sealers[(payload, payload.template.constant)], out)
         else:
             for span in spans:
@@ -172,6 +181,46 @@ def _values(plan: Plan, topic: bytes, area: bytes, spans: Sequence[RecordSpan], 
             raise AlreadyEncrypted("the record's value is already encrypted")
         aad = no_key if span[6] < 0 else keyed + area[span[6] : span[7]]
         write_record(out, area, span, seal(value, aad, codec))
+
+
+def _spliceable(plan: Plan) -> bool:
+    fields = plan.value_fields
+    if not COMPILED or not fields or len(fields) > 63 or plan.targets != fields:
+        return False
+    steps = [t.path.steps for t in fields if t.path is not None]
+    return (
+        len(steps) == len(fields)
+        and all(t.template.constant is not None and t.algorithm is not Algorithm.XCHACHA20_POLY1305 for t in fields)
+        and not any(a[: len(b)] == b for i, a in enumerate(steps) for j, b in enumerate(steps) if i != j)
+    )
+
+
+def _splice(
+    plan: Plan,
+    topic: str,
+    topic_b: bytes,
+    area: bytes,
+    spans: Sequence[RecordSpan],
+    sealers: dict[tuple[Target, str], Sealer],
+    out: bytearray,
+    avro: AvroSchemas | None,
+) -> None:
+    """The batch's JSON values with their fields sealed by the compiled scan, which leaves to
+    :func:`_record` the values it does not decide (not JSON as it reads it, Avro, a field already
+    an envelope)."""
+    fields = []
+    for target in plan.value_fields:
+        sealer = sealers[(target, target.template.constant or "")]
+        assert target.path is not None and sealer.aead is not None
+        fields.append((target.path.steps, sealer.aead, sealer.text_header, _prefix(topic_b, target)))
+    sealed = seal_json_fields(area, spans, tuple(fields))
+    for span, value in zip(spans, sealed, strict=True):
+        if value is None:
+            out += area[span[0] : span[2]]
+        elif value is ...:
+            _record(plan, topic, topic_b, area, span, sealers, out, avro)
+        else:
+            write_record(out, area, span, value)
 
 
 def _record(

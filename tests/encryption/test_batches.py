@@ -7,56 +7,17 @@ from __future__ import annotations
 import json
 from typing import Any
 
-import msgspec
 import pytest
 import trio
+from batch_keys import Keys, batch_of, plan_of
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from kanal_encryption.compile import compile_plan
-from kanal_encryption.config import EncryptionConfig
-from kanal_encryption.crypto.deks import DekManager
-from kanal_encryption.crypto.envelope import Envelope, Opener, Sealer, is_envelope
+from kanal_encryption.crypto.envelope import is_envelope
 from kanal_encryption.decrypt import DecryptionFailed, Selection, decrypt_batch
 from kanal_encryption.encrypt import AlreadyEncrypted, EncryptionFailed, encrypt_batch
-from kanal_encryption.keys import Locator
-from kanal_encryption.kms.factory import KmsPool
-from kanal_encryption.kms.inline import parse_kms_config
 from kanal_encryption.kms.memory import InMemoryKms
-from kanal_encryption.targets import Target
 
-from kanal.api import InterceptorConfigError, Record, RecordBatch, encode_batch
-
-
-class Keys:
-    """Encryption and decryption over one in-memory KMS, as the interceptors do it."""
-
-    def __init__(self) -> None:
-        self.locator = Locator({}, KmsPool(), None, parse_kms_config({}))
-        self.deks = DekManager()
-
-    def sealer_now(self, target: Target, key_id: str, records: int) -> Sealer | None:
-        where = self.locator.locate(key_id)
-        return self.deks.sealer_now(where.kms, where.key_id, target.algorithm, records, key_ref=where.key_ref)
-
-    async def sealer(self, target: Target, key_id: str, records: int) -> Sealer:
-        where = self.locator.locate(key_id)
-        return await self.deks.sealer(where.kms, where.key_id, target.algorithm, records, key_ref=where.key_ref)
-
-    def opener_now(self, envelope: Envelope) -> Opener | None:
-        kms, key_id = self.locator.find(envelope.key_ref)
-        return self.deks.opener_now(kms, key_id, envelope.edek)
-
-    async def opener(self, envelope: Envelope) -> Opener:
-        kms, key_id = self.locator.find(envelope.key_ref)
-        return await self.deks.opener(kms, key_id, envelope.edek)
-
-
-def _plan(keys: Keys, **config: Any) -> Any:
-    return compile_plan(msgspec.convert(config, EncryptionConfig), keys.locator)
-
-
-def _batch(records: list[Record]) -> RecordBatch:
-    return RecordBatch.from_bytes(encode_batch(records, base_timestamp=1_700_000_000_000))
+from kanal.api import InterceptorConfigError, Record, RecordBatch
 
 
 def _round(
@@ -65,7 +26,7 @@ def _round(
     failures: list[tuple[str, Exception]] = []
 
     async def run() -> tuple[RecordBatch, RecordBatch]:
-        sealed = RecordBatch.from_bytes(await encrypt_batch(plan, topic, _batch(records), keys))
+        sealed = RecordBatch.from_bytes(await encrypt_batch(plan, topic, batch_of(records), keys))
         data, _ = await decrypt_batch(Selection(), decrypt_topic or topic, sealed, keys, lambda *f: failures.append(f))
         return sealed, RecordBatch.from_bytes(data) if data is not None else sealed
 
@@ -85,7 +46,7 @@ json_scalars = st.one_of(st.none(), st.booleans(), st.integers(-(2**53), 2**53),
 )
 def test_fields_round_trip(values: list[dict[str, Any]], keyed: bool) -> None:
     keys = Keys()
-    plan = _plan(
+    plan = plan_of(
         keys,
         kmsConfig={},
         recordValue={
@@ -114,7 +75,7 @@ def test_fields_round_trip(values: list[dict[str, Any]], keyed: bool) -> None:
 )
 def test_payloads_keys_and_headers_round_trip(values: list[bytes | None], codec: str) -> None:
     keys = Keys()
-    plan = _plan(
+    plan = plan_of(
         keys,
         kmsConfig={},
         compressionType=codec,
@@ -138,7 +99,7 @@ def test_payloads_keys_and_headers_round_trip(values: list[bytes | None], codec:
 
 def test_ciphertext_moved_to_another_record_field_or_topic_stays_encrypted() -> None:
     keys = Keys()
-    plan = _plan(
+    plan = plan_of(
         keys,
         kmsConfig={},
         recordValue={"fields": [{"fieldName": "a", "keySecretId": KEY}, {"fieldName": "b", "keySecretId": KEY}]},
@@ -151,13 +112,13 @@ def test_ciphertext_moved_to_another_record_field_or_topic_stays_encrypted() -> 
     async def run() -> None:
         sealed = [
             json.loads(r.value)
-            for r in RecordBatch.from_bytes(await encrypt_batch(plan, "orders", _batch(records), keys)).records()
+            for r in RecordBatch.from_bytes(await encrypt_batch(plan, "orders", batch_of(records), keys)).records()
         ]
         moved = [
             {"a": sealed[1]["a"], "b": sealed[1]["b"]},  # the fields of another record (another key)
             {"a": sealed[1]["b"], "b": sealed[1]["a"]},  # fields swapped within the record
         ]
-        batch = _batch(
+        batch = batch_of(
             [
                 Record(offset_delta=i, key=r.key, value=json.dumps(m).encode())
                 for i, (r, m) in enumerate(zip(records, moved, strict=True))
@@ -166,7 +127,7 @@ def test_ciphertext_moved_to_another_record_field_or_topic_stays_encrypted() -> 
         failures: list[Any] = []
         data, count = await decrypt_batch(Selection(), "orders", batch, keys, lambda *f: failures.append(f))
         assert data is None and count == 0 and len(failures) == 4  # nothing decrypted, each reported
-        genuine = _batch(
+        genuine = batch_of(
             [
                 Record(offset_delta=i, key=r.key, value=json.dumps(s).encode())
                 for i, (r, s) in enumerate(zip(records, sealed, strict=True))
@@ -186,32 +147,32 @@ def test_already_encrypted_input_fails_or_is_skipped_as_configured() -> None:
     keys = Keys()
     config = {"kmsConfig": {}, "recordValue": {"payload": {"keySecretId": KEY}}}
     records = [Record(offset_delta=0, value=b"clear")]
-    sealed, _ = _round(_plan(keys, **config), keys, records)
+    sealed, _ = _round(plan_of(keys, **config), keys, records)
 
     async def again(plan: Any) -> bytes:
         return await encrypt_batch(plan, "orders", sealed, keys)
 
     with pytest.raises(AlreadyEncrypted):
-        trio.run(again, _plan(keys, **config))
-    skipped = RecordBatch.from_bytes(trio.run(again, _plan(keys, errorPolicy="skip_already_encrypted", **config)))
+        trio.run(again, plan_of(keys, **config))
+    skipped = RecordBatch.from_bytes(trio.run(again, plan_of(keys, errorPolicy="skip_already_encrypted", **config)))
     assert [r.value for r in skipped.records()] == [r.value for r in sealed.records()]
 
 
-def test_a_record_that_cannot_be_encrypted_fails_the_batch() -> None:
+def test_a_record_that_cannot_be_encrypted_fails_thebatch_of() -> None:
     keys = Keys()
-    fields = _plan(keys, kmsConfig={}, recordValue={"fields": [{"fieldName": "a", "keySecretId": KEY}]})
+    fields = plan_of(keys, kmsConfig={}, recordValue={"fields": [{"fieldName": "a", "keySecretId": KEY}]})
     with pytest.raises(EncryptionFailed, match="not JSON"):
-        trio.run(encrypt_batch, fields, "orders", _batch([Record(value=b"not json")]), keys)
-    templated = _plan(
+        trio.run(encrypt_batch, fields, "orders", batch_of([Record(value=b"not json")]), keys)
+    templated = plan_of(
         keys, kmsConfig={}, recordValue={"payload": {"keySecretId": "in-memory-kms://k-{{record.header.tenant}}"}}
     )
     with pytest.raises(EncryptionFailed, match="no header 'tenant'"):
-        trio.run(encrypt_batch, templated, "orders", _batch([Record(value=b"v")]), keys)
+        trio.run(encrypt_batch, templated, "orders", batch_of([Record(value=b"v")]), keys)
 
 
 def test_templated_keys_give_each_tenant_its_own_key() -> None:
     keys = Keys()
-    plan = _plan(
+    plan = plan_of(
         keys, kmsConfig={}, recordValue={"payload": {"keySecretId": "in-memory-kms://t-{{record.header.tenant}}"}}
     )
     records = [
@@ -274,7 +235,7 @@ def Envelope_ref(value: bytes | None) -> str:
 )
 def test_configs_that_cannot_work_are_refused_naming_the_problem(config: dict[str, Any], message: str) -> None:
     with pytest.raises(InterceptorConfigError, match=message):
-        _plan(Keys(), **config)
+        plan_of(Keys(), **config)
 
 
 def test_the_in_memory_kms_is_one_per_process() -> None:
@@ -285,11 +246,11 @@ def test_whole_values_decrypt_record_by_record_whatever_sits_between_them() -> N
     """Values under one data key, with a tampered one, one under another key, a clear one and a
     tombstone among them: each envelope decrypts or is reported on its own."""
     keys = Keys()
-    first = _plan(keys, kmsConfig={}, recordValue={"payload": {"keySecretId": KEY}})
-    other = _plan(keys, kmsConfig={}, recordValue={"payload": {"keySecretId": "in-memory-kms://other"}})
+    first = plan_of(keys, kmsConfig={}, recordValue={"payload": {"keySecretId": KEY}})
+    other = plan_of(keys, kmsConfig={}, recordValue={"payload": {"keySecretId": "in-memory-kms://other"}})
 
     async def sealed(plan: Any, values: list[bytes], keyed: bool) -> list[Record]:
-        batch = _batch(
+        batch = batch_of(
             [Record(offset_delta=i, key=b"k%d" % i if keyed else None, value=v) for i, v in enumerate(values)]
         )
         return RecordBatch.from_bytes(await encrypt_batch(plan, "orders", batch, keys)).records()
@@ -308,7 +269,7 @@ def test_whole_values_decrypt_record_by_record_whatever_sits_between_them() -> N
             (b"t", None),
             (a[3].key, a[3].value),
         ]
-        batch = _batch([Record(offset_delta=i, key=k, value=v) for i, (k, v) in enumerate(mixed)])
+        batch = batch_of([Record(offset_delta=i, key=k, value=v) for i, (k, v) in enumerate(mixed)])
         failures: list[Any] = []
         data, count = await decrypt_batch(Selection(), "orders", batch, keys, lambda *f: failures.append(f))
         assert data is not None and count == 4 and len(failures) == 1

@@ -3,13 +3,23 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 
 import nacl.bindings
 import pytest
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM, ChaCha20Poly1305
 from hypothesis import given
 from hypothesis import strategies as st
-from kanal_encryption.crypto.ciphers import TAG_SIZE, Algorithm, DecryptError, cipher, nonce_start
+from kanal_encryption.crypto.ciphers import (
+    COMPILED,
+    TAG_SIZE,
+    Algorithm,
+    Cipher,
+    DecryptError,
+    cipher,
+    nonce_start,
+    python_cipher,
+)
 from kanal_encryption.crypto.compression import Codec, compress, decompress
 
 from kanal import api
@@ -20,6 +30,16 @@ SUNSCREEN = (
 )
 KEY = bytes(range(0x80, 0xA0))
 AAD = bytes.fromhex("50515253c0c1c2c3c4c5c6c7")
+#: Each test runs with the compiled AEADs (OpenSSL, built with the package) and the Python reference.
+MAKERS = pytest.mark.parametrize(
+    "make", [pytest.param(cipher, id="compiled"), pytest.param(python_cipher, id="python")]
+)
+Make = Callable[[Algorithm, bytes | bytearray], Cipher]
+
+
+def test_the_compiled_aeads_are_built() -> None:
+    """The install built ``_aead.c`` (the fast path the benchmarks measure is the one tested)."""
+    assert COMPILED
 
 
 def test_algorithm_ids_and_sizes_are_fixed() -> None:
@@ -42,7 +62,8 @@ def test_algorithm_parse_names_the_known_ones() -> None:
         Algorithm.parse("AES128_EAX")
 
 
-def test_xchacha20_poly1305_published_vector() -> None:
+@MAKERS
+def test_xchacha20_poly1305_published_vector(make: Make) -> None:
     """draft-irtf-cfrg-xchacha-03, appendix A.3.1."""
     nonce = bytes.fromhex("404142434445464748494a4b4c4d4e4f5051525354555657")
     expected = bytes.fromhex(
@@ -52,15 +73,16 @@ def test_xchacha20_poly1305_published_vector() -> None:
         "21f9664c97637da9768812f615c68b13b52e"
         "c0875924c1c7987947deafd8780acf49"  # the tag
     )
-    xchacha = cipher(Algorithm.XCHACHA20_POLY1305, KEY)
+    xchacha = make(Algorithm.XCHACHA20_POLY1305, KEY)
     assert xchacha.encrypt(nonce, SUNSCREEN, AAD) == expected
     assert xchacha.decrypt(nonce, expected, AAD) == SUNSCREEN
 
 
-def test_chacha20_poly1305_published_vector() -> None:
+@MAKERS
+def test_chacha20_poly1305_published_vector(make: Make) -> None:
     """RFC 8439, section 2.8.2."""
     nonce = bytes.fromhex("070000004041424344454647")
-    sealed = cipher(Algorithm.CHACHA20_POLY1305, KEY).encrypt(nonce, SUNSCREEN, AAD)
+    sealed = make(Algorithm.CHACHA20_POLY1305, KEY).encrypt(nonce, SUNSCREEN, AAD)
     assert sealed[-TAG_SIZE:].hex() == "1ae10b594f09e26a7e902ecbd0600691"
     assert sealed[:16].hex() == "d31a8d34648e60db7b86afbc53ef7ec2"
 
@@ -71,8 +93,9 @@ def test_chacha20_poly1305_published_vector() -> None:
     data=st.binary(),
     aad=st.binary(),
 )
-def test_xchacha_interoperates_with_pynacl(key: bytes, nonce: bytes, data: bytes, aad: bytes) -> None:
-    ours = cipher(Algorithm.XCHACHA20_POLY1305, key)
+@MAKERS
+def test_xchacha_interoperates_with_pynacl(make: Make, key: bytes, nonce: bytes, data: bytes, aad: bytes) -> None:
+    ours = make(Algorithm.XCHACHA20_POLY1305, key)
     sealed = ours.encrypt(nonce, data, aad)
     assert sealed == nacl.bindings.crypto_aead_xchacha20poly1305_ietf_encrypt(data, aad, nonce, key)
     assert nacl.bindings.crypto_aead_xchacha20poly1305_ietf_decrypt(sealed, aad, nonce, key) == data
@@ -85,8 +108,11 @@ def test_xchacha_interoperates_with_pynacl(key: bytes, nonce: bytes, data: bytes
     data=st.binary(),
     aad=st.binary(),
 )
-def test_chacha_interoperates_with_cryptography_and_pynacl(key: bytes, nonce: bytes, data: bytes, aad: bytes) -> None:
-    ours = cipher(Algorithm.CHACHA20_POLY1305, key)
+@MAKERS
+def test_chacha_interoperates_with_cryptography_and_pynacl(
+    make: Make, key: bytes, nonce: bytes, data: bytes, aad: bytes
+) -> None:
+    ours = make(Algorithm.CHACHA20_POLY1305, key)
     sealed = ours.encrypt(nonce, data, aad)
     assert sealed == ChaCha20Poly1305(key).encrypt(nonce, data, aad)
     assert sealed == nacl.bindings.crypto_aead_chacha20poly1305_ietf_encrypt(data, aad, nonce, key)
@@ -94,17 +120,19 @@ def test_chacha_interoperates_with_cryptography_and_pynacl(key: bytes, nonce: by
 
 
 @pytest.mark.parametrize("algorithm", [Algorithm.AES128_GCM, Algorithm.AES256_GCM])
-def test_aes_gcm_is_cryptographys(algorithm: Algorithm) -> None:
+@MAKERS
+def test_aes_gcm_is_cryptographys(make: Make, algorithm: Algorithm) -> None:
     key, nonce = os.urandom(algorithm.key_size), os.urandom(12)
-    sealed = cipher(algorithm, key).encrypt(nonce, b"data", b"aad")
+    sealed = make(algorithm, key).encrypt(nonce, b"data", b"aad")
     assert AESGCM(key).decrypt(nonce, sealed, b"aad") == b"data"
 
 
 @pytest.mark.parametrize("algorithm", list(Algorithm))
-def test_tampering_wrong_key_or_aad_never_decrypts(algorithm: Algorithm) -> None:
+@MAKERS
+def test_tampering_wrong_key_or_aad_never_decrypts(make: Make, algorithm: Algorithm) -> None:
     key = os.urandom(algorithm.key_size)
     nonce = os.urandom(algorithm.nonce_size)
-    ours = cipher(algorithm, key)
+    ours = make(algorithm, key)
     sealed = ours.encrypt(nonce, b"some data", b"aad")
     for i in range(len(sealed)):
         flipped = bytearray(sealed)
@@ -114,7 +142,7 @@ def test_tampering_wrong_key_or_aad_never_decrypts(algorithm: Algorithm) -> None
     with pytest.raises(DecryptError):
         ours.decrypt(nonce, sealed, b"aae")
     with pytest.raises(DecryptError):
-        cipher(algorithm, os.urandom(algorithm.key_size)).decrypt(nonce, sealed, b"aad")
+        make(algorithm, os.urandom(algorithm.key_size)).decrypt(nonce, sealed, b"aad")
     with pytest.raises(DecryptError):
         ours.decrypt(nonce, sealed[: TAG_SIZE - 1], b"aad")
     with pytest.raises(DecryptError):
@@ -122,8 +150,9 @@ def test_tampering_wrong_key_or_aad_never_decrypts(algorithm: Algorithm) -> None
 
 
 @pytest.mark.parametrize("algorithm", list(Algorithm))
-def test_accepts_any_bytes_like_input(algorithm: Algorithm) -> None:
-    ours = cipher(algorithm, bytearray(algorithm.key_size))
+@MAKERS
+def test_accepts_any_bytes_like_input(make: Make, algorithm: Algorithm) -> None:
+    ours = make(algorithm, bytearray(algorithm.key_size))
     nonce = bytes(algorithm.nonce_size)
     sealed = ours.encrypt(nonce, bytearray(b"data"), memoryview(b"aad"))
     assert ours.decrypt(nonce, memoryview(sealed), bytearray(b"aad")) == b"data"
@@ -134,14 +163,16 @@ def test_accepts_any_bytes_like_input(algorithm: Algorithm) -> None:
 
 
 @pytest.mark.parametrize("algorithm", list(Algorithm))
-def test_refuses_a_key_of_the_wrong_size(algorithm: Algorithm) -> None:
+@MAKERS
+def test_refuses_a_key_of_the_wrong_size(make: Make, algorithm: Algorithm) -> None:
     with pytest.raises(ValueError, match=f"{algorithm.name} needs a {algorithm.key_size}-byte key, not 24 bytes"):
-        cipher(algorithm, bytes(24))
+        make(algorithm, bytes(24))
 
 
-def test_sodium_refuses_a_short_nonce_to_encrypt() -> None:
+@MAKERS
+def test_sodium_refuses_a_short_nonce_to_encrypt(make: Make) -> None:
     with pytest.raises(ValueError, match="24-byte nonce"):
-        cipher(Algorithm.XCHACHA20_POLY1305, KEY).encrypt(bytes(12), b"data", b"")
+        make(Algorithm.XCHACHA20_POLY1305, KEY).encrypt(bytes(12), b"data", b"")
 
 
 @pytest.mark.parametrize("algorithm", list(Algorithm))

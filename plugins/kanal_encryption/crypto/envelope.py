@@ -26,7 +26,7 @@ import itertools
 import struct
 from typing import Any, Final, NamedTuple
 
-from .ciphers import TAG_SIZE, Algorithm, Cipher, DecryptError, cipher, nonce_start
+from .ciphers import TAG_SIZE, Algorithm, Cipher, DecryptError, cipher, compiled_aead, nonce_start
 from .compression import Codec, compress, decompress
 
 __all__ = [
@@ -190,19 +190,40 @@ class Sealer:
     """Seals plaintexts with one DEK into envelopes naming ``key_ref`` and carrying ``edek``.
 
     Each Sealer has its own nonce counter (see :mod:`.ciphers`), so two Sealers of one DEK are safe;
-    ``count`` is the number of seals done. Thread-safe: the counter is one atomic ``next``."""
+    ``count`` is the number of seals done. Thread-safe: the counter is one atomic ``next`` (the
+    compiled AEAD's, advanced under the GIL)."""
 
-    __slots__ = ("_encrypt", "_headers", "_nonce_size", "_nonce_start", "_nonces", "algorithm", "edek", "key_ref")
+    __slots__ = (
+        "_encrypt",
+        "_headers",
+        "_nonce_size",
+        "_nonce_start",
+        "_nonces",
+        "aead",
+        "algorithm",
+        "edek",
+        "key_ref",
+    )
 
-    def __init__(self, algorithm: Algorithm, dek: bytes, key_ref: str, edek: bytes) -> None:
+    def __init__(
+        self, algorithm: Algorithm, dek: bytes, key_ref: str, edek: bytes, *, first_nonce: int | None = None
+    ) -> None:
+        """``first_nonce``: where the counter starts (a known-answer test's); random by default."""
         self.algorithm = algorithm
         self.key_ref = key_ref
         self.edek = bytes(edek)
         self._headers = tuple(header(algorithm, codec, key_ref, self.edek) for codec in _CODECS)
-        self._encrypt = cipher(algorithm, dek).encrypt
         self._nonce_size = algorithm.nonce_size
-        self._nonce_start = nonce_start(algorithm)
+        self._nonce_start = nonce_start(algorithm) if first_nonce is None else first_nonce
         self._nonces = itertools.count(self._nonce_start)
+        #: The compiled AEAD, which keeps the nonce counter itself (None: the Python path below).
+        self.aead = compiled_aead(algorithm, dek, self._nonce_start.to_bytes(self._nonce_size))
+        self._encrypt = cipher(algorithm, dek).encrypt if self.aead is None else None
+
+    @property
+    def text_header(self) -> bytes:
+        """The header of an envelope without compression (a JSON field's)."""
+        return self._headers[0]
 
     def seal(self, plaintext: bytes, aad: bytes, codec: int = Codec.NONE) -> bytes:
         """The envelope of ``plaintext`` (compressed first with ``codec``, a Kafka codec id),
@@ -213,18 +234,24 @@ class Sealer:
             raise ValueError(f"no compression codec {codec} (known: 0 none .. 4 zstd)") from None
         if codec:
             plaintext = compress(codec, plaintext)  # ValueError for a negative codec
+        if self.aead is not None:
+            return self.aead.seal(head, plaintext, aad)
         nonce = next(self._nonces).to_bytes(self._nonce_size)  # big-endian
-        return head + nonce + self._encrypt(nonce, plaintext, head + aad)
+        return head + nonce + self._encrypt(nonce, plaintext, head + aad)  # type: ignore[misc]
 
     def seal_text(self, plaintext: bytes, aad: bytes) -> str:
         """:meth:`seal` (no compression) as the text of a JSON field: :func:`to_text` of it."""
         head = self._headers[0]
+        if self.aead is not None:
+            return self.aead.seal_text(head, plaintext, aad)
         nonce = next(self._nonces).to_bytes(self._nonce_size)
-        return _b64(head + nonce + self._encrypt(nonce, plaintext, head + aad), newline=False).decode("ascii")
+        return _b64(head + nonce + self._encrypt(nonce, plaintext, head + aad), newline=False).decode("ascii")  # type: ignore[misc]
 
     @property
     def count(self) -> int:
         """Seals done so far (read without advancing the counter: ``repr`` is ``count(N)``)."""
+        if self.aead is not None:
+            return self.aead.count
         return int(repr(self._nonces)[6:-1]) - self._nonce_start
 
     def __repr__(self) -> str:

@@ -1,0 +1,911 @@
+/* The encryption plugin's per-record work, compiled: OpenSSL's AEADs with the key set up once, and
+ * the JSON field path of the encryption interceptor (find the fields, seal them, splice the text).
+ *
+ * - Aead(algorithm, key, nonce_start, error): one DEK's AES-GCM or ChaCha20-Poly1305 (the ids of
+ *   ciphers.Algorithm: 1, 2, 3). encrypt/decrypt(nonce, data, aad) are ciphers.Cipher's callables
+ *   (decrypt raises `error` when the data does not authenticate); seal/seal_text(header, plaintext,
+ *   aad) are envelope.Sealer's, with the nonce counter kept here (counting up from nonce_start, 12 big-endian bytes).
+ * - seal_json_fields(area, spans, fields): for each record span (values.RecordSpan) the value with
+ *   the listed JSON fields replaced by the base64 text of their envelopes, None when the record has
+ *   none of them (or no value), or Ellipsis when this scan does not decide it (not JSON as it
+ *   reads it, a field already an envelope, a surrogate escape or a number with an exponent),
+ *   for the caller's Python path to handle.
+ *
+ * The envelope layout and AAD are envelope.py's; the tests hold both functions to cryptography's
+ * AEADs and to the Python path (encrypt.py), and fuzz the scan against orjson. Client bytes come
+ * through here, so every read is bounded by the value's end.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <openssl/evp.h>
+#include <stdint.h>
+#include <string.h>
+
+#define NONCE_SIZE 12
+#define TAG_SIZE 16
+
+/* ------------------------------------------------------------------------------------ the AEAD */
+
+typedef struct {
+    PyObject_HEAD
+    EVP_CIPHER_CTX *enc;
+    EVP_CIPHER_CTX *dec;
+    unsigned __int128 next; /* the next nonce, big-endian when written */
+    unsigned __int128 start;
+    PyObject *error;
+} Aead;
+
+static const EVP_CIPHER *algorithm_cipher(long id)
+{
+    switch (id) {
+    case 1: return EVP_aes_128_gcm();
+    case 2: return EVP_aes_256_gcm();
+    case 3: return EVP_chacha20_poly1305();
+    default: return NULL;
+    }
+}
+
+static int Aead_init(Aead *self, PyObject *args, PyObject *kwds)
+{
+    static char *kwlist[] = {"algorithm", "key", "nonce_start", "error", NULL};
+    long id;
+    Py_buffer key;
+    const unsigned char *start;
+    Py_ssize_t start_len;
+    PyObject *error;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "ly*y#O", kwlist, &id, &key, &start, &start_len, &error))
+        return -1;
+    const EVP_CIPHER *cipher = algorithm_cipher(id);
+    int rc = -1;
+    if (cipher == NULL) {
+        PyErr_Format(PyExc_ValueError, "no compiled AEAD for algorithm %ld", id);
+        goto done;
+    }
+    if (key.len != EVP_CIPHER_key_length(cipher)) {
+        PyErr_Format(PyExc_ValueError, "algorithm %ld needs a %d-byte key", id, EVP_CIPHER_key_length(cipher));
+        goto done;
+    }
+    if (start_len != NONCE_SIZE) {
+        PyErr_SetString(PyExc_ValueError, "the first nonce must have 12 bytes");
+        goto done;
+    }
+    unsigned __int128 first = 0;
+    for (int i = 0; i < NONCE_SIZE; i++)
+        first = (first << 8) | start[i];
+    self->enc = EVP_CIPHER_CTX_new();
+    self->dec = EVP_CIPHER_CTX_new();
+    if (self->enc == NULL || self->dec == NULL
+        || EVP_EncryptInit_ex(self->enc, cipher, NULL, key.buf, NULL) != 1
+        || EVP_DecryptInit_ex(self->dec, cipher, NULL, key.buf, NULL) != 1) {
+        PyErr_SetString(PyExc_RuntimeError, "the AEAD cannot be set up");
+        goto done;
+    }
+    self->next = self->start = first;
+    Py_INCREF(error);
+    Py_XSETREF(self->error, error);
+    rc = 0;
+done:
+    PyBuffer_Release(&key);
+    return rc;
+}
+
+static void Aead_dealloc(Aead *self)
+{
+    EVP_CIPHER_CTX_free(self->enc);
+    EVP_CIPHER_CTX_free(self->dec);
+    Py_XDECREF(self->error);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+/* Encrypts data with `nonce` and the associated data aad1 + aad2 + aad3 (any may be empty) into
+ * out: the ciphertext, then the tag. 0, or -1 with an exception set. */
+static int encrypt_into(Aead *self, const unsigned char *nonce, const unsigned char *data, Py_ssize_t size,
+                        const unsigned char *aad1, Py_ssize_t n1, const unsigned char *aad2, Py_ssize_t n2,
+                        const unsigned char *aad3, Py_ssize_t n3, unsigned char *out)
+{
+    EVP_CIPHER_CTX *c = self->enc;
+    int len;
+    if (size > INT_MAX || n1 > INT_MAX || n2 > INT_MAX || n3 > INT_MAX) {
+        PyErr_SetString(PyExc_OverflowError, "too large to encrypt in one call");
+        return -1;
+    }
+    if (EVP_EncryptInit_ex(c, NULL, NULL, NULL, nonce) != 1
+        || (n1 && EVP_EncryptUpdate(c, NULL, &len, aad1, (int)n1) != 1)
+        || (n2 && EVP_EncryptUpdate(c, NULL, &len, aad2, (int)n2) != 1)
+        || (n3 && EVP_EncryptUpdate(c, NULL, &len, aad3, (int)n3) != 1)
+        || (size && EVP_EncryptUpdate(c, out, &len, data, (int)size) != 1)
+        || EVP_EncryptFinal_ex(c, out + size, &len) != 1
+        || EVP_CIPHER_CTX_ctrl(c, EVP_CTRL_AEAD_GET_TAG, TAG_SIZE, out + size) != 1) {
+        PyErr_SetString(PyExc_RuntimeError, "the AEAD failed to encrypt");
+        return -1;
+    }
+    return 0;
+}
+
+/* The next nonce of the counter, big-endian, in out[0..11]. */
+static void next_nonce(Aead *self, unsigned char *out)
+{
+    unsigned __int128 n = self->next++;
+    for (int i = NONCE_SIZE - 1; i >= 0; i--) {
+        out[i] = (unsigned char)n;
+        n >>= 8;
+    }
+}
+
+static PyObject *Aead_encrypt(Aead *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    Py_buffer nonce, data, aad;
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "encrypt(nonce, data, aad)");
+        return NULL;
+    }
+    if (PyObject_GetBuffer(args[0], &nonce, PyBUF_SIMPLE) < 0)
+        return NULL;
+    if (PyObject_GetBuffer(args[1], &data, PyBUF_SIMPLE) < 0) {
+        PyBuffer_Release(&nonce);
+        return NULL;
+    }
+    if (PyObject_GetBuffer(args[2], &aad, PyBUF_SIMPLE) < 0) {
+        PyBuffer_Release(&nonce);
+        PyBuffer_Release(&data);
+        return NULL;
+    }
+    PyObject *result = NULL;
+    if (nonce.len != NONCE_SIZE) {
+        PyErr_SetString(PyExc_ValueError, "the nonce must have 12 bytes");
+        goto done;
+    }
+    result = PyBytes_FromStringAndSize(NULL, data.len + TAG_SIZE);
+    if (result != NULL
+        && encrypt_into(self, nonce.buf, data.buf, data.len, aad.buf, aad.len, NULL, 0, NULL, 0,
+                        (unsigned char *)PyBytes_AS_STRING(result)) < 0)
+        Py_CLEAR(result);
+done:
+    PyBuffer_Release(&nonce);
+    PyBuffer_Release(&data);
+    PyBuffer_Release(&aad);
+    return result;
+}
+
+static PyObject *Aead_decrypt(Aead *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    Py_buffer nonce, data, aad;
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "decrypt(nonce, data, aad)");
+        return NULL;
+    }
+    if (PyObject_GetBuffer(args[0], &nonce, PyBUF_SIMPLE) < 0)
+        return NULL;
+    if (PyObject_GetBuffer(args[1], &data, PyBUF_SIMPLE) < 0) {
+        PyBuffer_Release(&nonce);
+        return NULL;
+    }
+    if (PyObject_GetBuffer(args[2], &aad, PyBUF_SIMPLE) < 0) {
+        PyBuffer_Release(&nonce);
+        PyBuffer_Release(&data);
+        return NULL;
+    }
+    PyObject *result = NULL;
+    Py_ssize_t size = data.len - TAG_SIZE;
+    if (nonce.len != NONCE_SIZE || size < 0 || size > INT_MAX || aad.len > INT_MAX) {
+        PyErr_SetString(self->error, "the data is shorter than a tag, or the nonce has the wrong size");
+        goto done;
+    }
+    result = PyBytes_FromStringAndSize(NULL, size);
+    if (result == NULL)
+        goto done;
+    EVP_CIPHER_CTX *c = self->dec;
+    unsigned char *out = (unsigned char *)PyBytes_AS_STRING(result);
+    unsigned char tag[TAG_SIZE];
+    memcpy(tag, (const unsigned char *)data.buf + size, TAG_SIZE);
+    int len;
+    if (EVP_DecryptInit_ex(c, NULL, NULL, NULL, nonce.buf) != 1
+        || (aad.len && EVP_DecryptUpdate(c, NULL, &len, aad.buf, (int)aad.len) != 1)
+        || (size && EVP_DecryptUpdate(c, out, &len, data.buf, (int)size) != 1)
+        || EVP_CIPHER_CTX_ctrl(c, EVP_CTRL_AEAD_SET_TAG, TAG_SIZE, tag) != 1
+        || EVP_DecryptFinal_ex(c, out + size, &len) != 1) {
+        Py_CLEAR(result);
+        PyErr_SetString(self->error, "the data does not authenticate");
+    }
+done:
+    PyBuffer_Release(&nonce);
+    PyBuffer_Release(&data);
+    PyBuffer_Release(&aad);
+    return result;
+}
+
+/* header + nonce + AEAD(plaintext, header + aad) in out (envelope_size(...) bytes). */
+static int seal_into(Aead *self, const unsigned char *header, Py_ssize_t hlen, const unsigned char *data,
+                     Py_ssize_t size, const unsigned char *aad1, Py_ssize_t n1, const unsigned char *aad2,
+                     Py_ssize_t n2, unsigned char *out)
+{
+    memcpy(out, header, (size_t)hlen);
+    next_nonce(self, out + hlen);
+    return encrypt_into(self, out + hlen, data, size, header, hlen, aad1, n1, aad2, n2, out + hlen + NONCE_SIZE);
+}
+
+#define ENVELOPE_SIZE(hlen, size) ((hlen) + NONCE_SIZE + (size) + TAG_SIZE)
+#define BASE64_SIZE(n) (((n) + 2) / 3 * 4)
+
+static const char B64[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+
+/* Standard base64 (padded) of in[0..n) in out; its length. */
+static Py_ssize_t base64_into(const unsigned char *in, Py_ssize_t n, char *out)
+{
+    char *o = out;
+    Py_ssize_t i = 0;
+    for (; i + 3 <= n; i += 3) {
+        uint32_t v = (uint32_t)in[i] << 16 | (uint32_t)in[i + 1] << 8 | in[i + 2];
+        o[0] = B64[v >> 18];
+        o[1] = B64[(v >> 12) & 63];
+        o[2] = B64[(v >> 6) & 63];
+        o[3] = B64[v & 63];
+        o += 4;
+    }
+    if (i < n) {
+        uint32_t v = (uint32_t)in[i] << 16 | (i + 1 < n ? (uint32_t)in[i + 1] << 8 : 0);
+        o[0] = B64[v >> 18];
+        o[1] = B64[(v >> 12) & 63];
+        o[2] = i + 1 < n ? B64[(v >> 6) & 63] : '=';
+        o[3] = '=';
+        o += 4;
+    }
+    return o - out;
+}
+
+/* Parses (header, plaintext, aad) for seal and seal_text. */
+static int seal_args(PyObject *const *args, Py_ssize_t nargs, Py_buffer *header, Py_buffer *data, Py_buffer *aad)
+{
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "expected (header, plaintext, aad)");
+        return -1;
+    }
+    if (PyObject_GetBuffer(args[0], header, PyBUF_SIMPLE) < 0)
+        return -1;
+    if (PyObject_GetBuffer(args[1], data, PyBUF_SIMPLE) < 0) {
+        PyBuffer_Release(header);
+        return -1;
+    }
+    if (PyObject_GetBuffer(args[2], aad, PyBUF_SIMPLE) < 0) {
+        PyBuffer_Release(header);
+        PyBuffer_Release(data);
+        return -1;
+    }
+    return 0;
+}
+
+static PyObject *Aead_seal(Aead *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    Py_buffer header, data, aad;
+    if (seal_args(args, nargs, &header, &data, &aad) < 0)
+        return NULL;
+    PyObject *result = PyBytes_FromStringAndSize(NULL, ENVELOPE_SIZE(header.len, data.len));
+    if (result != NULL
+        && seal_into(self, header.buf, header.len, data.buf, data.len, aad.buf, aad.len, NULL, 0,
+                     (unsigned char *)PyBytes_AS_STRING(result)) < 0)
+        Py_CLEAR(result);
+    PyBuffer_Release(&header);
+    PyBuffer_Release(&data);
+    PyBuffer_Release(&aad);
+    return result;
+}
+
+static PyObject *Aead_seal_text(Aead *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    Py_buffer header, data, aad;
+    if (seal_args(args, nargs, &header, &data, &aad) < 0)
+        return NULL;
+    PyObject *result = NULL;
+    Py_ssize_t size = ENVELOPE_SIZE(header.len, data.len);
+    unsigned char *sealed = PyMem_Malloc((size_t)size);
+    if (sealed == NULL) {
+        PyErr_NoMemory();
+    } else if (seal_into(self, header.buf, header.len, data.buf, data.len, aad.buf, aad.len, NULL, 0, sealed) == 0) {
+        result = PyUnicode_New(BASE64_SIZE(size), 127);
+        if (result != NULL)
+            base64_into(sealed, size, (char *)PyUnicode_DATA(result));
+    }
+    PyMem_Free(sealed);
+    PyBuffer_Release(&header);
+    PyBuffer_Release(&data);
+    PyBuffer_Release(&aad);
+    return result;
+}
+
+static PyObject *Aead_count(Aead *self, void *closure)
+{
+    unsigned __int128 n = self->next - self->start;
+    return PyLong_FromUnsignedLongLong((unsigned long long)n);
+}
+
+static PyMethodDef Aead_methods[] = {
+    {"encrypt", (PyCFunction)(void (*)(void))Aead_encrypt, METH_FASTCALL,
+     "encrypt(nonce, data, aad): the ciphertext and its tag."},
+    {"decrypt", (PyCFunction)(void (*)(void))Aead_decrypt, METH_FASTCALL,
+     "decrypt(nonce, data, aad): the plaintext; raises the error type when it does not authenticate."},
+    {"seal", (PyCFunction)(void (*)(void))Aead_seal, METH_FASTCALL,
+     "seal(header, plaintext, aad): header + next nonce + AEAD(plaintext, header + aad)."},
+    {"seal_text", (PyCFunction)(void (*)(void))Aead_seal_text, METH_FASTCALL,
+     "seal_text(header, plaintext, aad): seal(...) as base64 text."},
+    {NULL},
+};
+
+static PyGetSetDef Aead_getset[] = {
+    {"count", (getter)Aead_count, NULL, "seals done so far", NULL},
+    {NULL},
+};
+
+static PyTypeObject AeadType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "kanal_encryption.crypto._aead.Aead",
+    .tp_basicsize = sizeof(Aead),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "One DEK's AEAD (OpenSSL), its key schedule built once.",
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)Aead_init,
+    .tp_dealloc = (destructor)Aead_dealloc,
+    .tp_methods = Aead_methods,
+    .tp_getset = Aead_getset,
+};
+
+/* --------------------------------------------------------------------------- the JSON scan */
+
+#define MAX_FIELDS 63 /* bits of a uint64_t mask, shifts below 64 */
+#define MAX_DEPTH 64
+#define MAX_FOUND 64
+
+/* A field to seal: its steps (a key: its UTF-8 bytes; an index), its AEAD, envelope header, and the
+ * AAD up to the record's identity. */
+typedef struct {
+    Py_ssize_t nsteps;
+    const char **key; /* key[i] NULL: step i is an index */
+    Py_ssize_t *len;  /* key length, or the index */
+    Aead *aead;
+    const unsigned char *header;
+    Py_ssize_t hlen;
+    const unsigned char *aad;
+    Py_ssize_t alen;
+} field_t;
+
+typedef struct {
+    Py_ssize_t start, end;
+    int field;
+} found_t;
+
+typedef struct {
+    const unsigned char *b;
+    Py_ssize_t p, end;
+    const field_t *fields;
+    int nfields;
+    found_t found[MAX_FOUND];
+    int nfound;
+} scan_t;
+
+/* What a scan can say: the JSON reads (OK), is not JSON as this scan reads it (UNDECIDED: the
+ * Python path decides, and raises when it is not JSON). */
+#define OK 0
+#define UNDECIDED (-1)
+
+static void skip_space(scan_t *s)
+{
+    while (s->p < s->end) {
+        unsigned char c = s->b[s->p];
+        if (c != ' ' && c != '\t' && c != '\n' && c != '\r')
+            return;
+        s->p++;
+    }
+}
+
+static int hex4(const unsigned char *h, unsigned *out)
+{
+    unsigned v = 0;
+    for (int i = 0; i < 4; i++) {
+        unsigned char c = h[i];
+        v <<= 4;
+        if (c >= '0' && c <= '9')
+            v |= c - '0';
+        else if (c >= 'a' && c <= 'f')
+            v |= c - 'a' + 10;
+        else if (c >= 'A' && c <= 'F')
+            v |= c - 'A' + 10;
+        else
+            return -1;
+    }
+    *out = v;
+    return 0;
+}
+
+/* A string from its opening quote: s->p after the closing one. *escaped: whether it has escapes.
+ * UTF-8 is checked as strictly as orjson (no overlongs, no surrogates, nothing above U+10FFFF);
+ * a \u escape of a surrogate is left UNDECIDED. */
+static int scan_string(scan_t *s, int *escaped)
+{
+    const unsigned char *b = s->b;
+    Py_ssize_t p = s->p + 1, end = s->end;
+    *escaped = 0;
+    while (p < end) {
+        unsigned char c = b[p];
+        if (c == '"') {
+            s->p = p + 1;
+            return OK;
+        }
+        if (c == '\\') {
+            *escaped = 1;
+            if (p + 1 >= end)
+                return UNDECIDED;
+            unsigned char e = b[p + 1];
+            if (e == 'u') {
+                unsigned cp;
+                if (p + 6 > end || hex4(b + p + 2, &cp) < 0 || (cp >= 0xD800 && cp <= 0xDFFF))
+                    return UNDECIDED;
+                p += 6;
+            } else if (e == '"' || e == '\\' || e == '/' || e == 'b' || e == 'f' || e == 'n' || e == 'r' || e == 't') {
+                p += 2;
+            } else {
+                return UNDECIDED;
+            }
+        } else if (c < 0x20) {
+            return UNDECIDED;
+        } else if (c < 0x80) {
+            p++;
+        } else {
+            int n;
+            unsigned cp;
+            if (c >= 0xC2 && c <= 0xDF) {
+                n = 1;
+                cp = c & 0x1F;
+            } else if (c >= 0xE0 && c <= 0xEF) {
+                n = 2;
+                cp = c & 0x0F;
+            } else if (c >= 0xF0 && c <= 0xF4) {
+                n = 3;
+                cp = c & 0x07;
+            } else {
+                return UNDECIDED;
+            }
+            if (p + n >= end)
+                return UNDECIDED;
+            for (int i = 1; i <= n; i++) {
+                unsigned char k = b[p + i];
+                if ((k & 0xC0) != 0x80)
+                    return UNDECIDED;
+                cp = (cp << 6) | (k & 0x3F);
+            }
+            if ((n == 2 && (cp < 0x800 || (cp >= 0xD800 && cp <= 0xDFFF))) || (n == 3 && (cp < 0x10000 || cp > 0x10FFFF)))
+                return UNDECIDED;
+            p += n + 1;
+        }
+    }
+    return UNDECIDED;
+}
+
+#define KEY_BUFFER 256
+
+/* The text of a string's body b[0..n) (checked by scan_string: escapes well formed, no surrogate
+ * escapes) in out, UTF-8; its length, or -1 when longer than KEY_BUFFER. */
+static Py_ssize_t unescape(const unsigned char *b, Py_ssize_t n, unsigned char *out)
+{
+    Py_ssize_t o = 0;
+    for (Py_ssize_t p = 0; p < n;) {
+        if (o + 4 > KEY_BUFFER)
+            return -1;
+        unsigned char c = b[p];
+        if (c != '\\') {
+            out[o++] = c;
+            p++;
+            continue;
+        }
+        unsigned char e = b[p + 1];
+        p += 2;
+        switch (e) {
+        case 'b': out[o++] = '\b'; break;
+        case 'f': out[o++] = '\f'; break;
+        case 'n': out[o++] = '\n'; break;
+        case 'r': out[o++] = '\r'; break;
+        case 't': out[o++] = '\t'; break;
+        case 'u': {
+            unsigned cp;
+            hex4(b + p, &cp);
+            p += 4;
+            if (cp < 0x80) {
+                out[o++] = (unsigned char)cp;
+            } else if (cp < 0x800) {
+                out[o++] = (unsigned char)(0xC0 | cp >> 6);
+                out[o++] = (unsigned char)(0x80 | (cp & 0x3F));
+            } else {
+                out[o++] = (unsigned char)(0xE0 | cp >> 12);
+                out[o++] = (unsigned char)(0x80 | ((cp >> 6) & 0x3F));
+                out[o++] = (unsigned char)(0x80 | (cp & 0x3F));
+            }
+            break;
+        }
+        default: out[o++] = e; /* " \ / */
+        }
+    }
+    return o;
+}
+
+/* A number: -?(0|[1-9][0-9]*)(\.[0-9]+)?; one with an exponent is left UNDECIDED (orjson refuses
+ * those that overflow a double). */
+static int scan_number(scan_t *s)
+{
+    const unsigned char *b = s->b;
+    Py_ssize_t p = s->p, end = s->end;
+    if (p < end && b[p] == '-')
+        p++;
+    if (p >= end)
+        return UNDECIDED;
+    if (b[p] == '0') {
+        p++;
+    } else if (b[p] >= '1' && b[p] <= '9') {
+        while (p < end && b[p] >= '0' && b[p] <= '9')
+            p++;
+    } else {
+        return UNDECIDED;
+    }
+    if (p < end && b[p] == '.') {
+        p++;
+        Py_ssize_t digits = p;
+        while (p < end && b[p] >= '0' && b[p] <= '9')
+            p++;
+        if (p == digits)
+            return UNDECIDED;
+    }
+    if (p < end && (b[p] == 'e' || b[p] == 'E' || (b[p] >= '0' && b[p] <= '9')))
+        return UNDECIDED;
+    s->p = p;
+    return OK;
+}
+
+static int scan_literal(scan_t *s, const char *word, Py_ssize_t n)
+{
+    if (s->end - s->p < n || memcmp(s->b + s->p, word, (size_t)n) != 0)
+        return UNDECIDED;
+    s->p += n;
+    return OK;
+}
+
+/* The fields (bits of `alive`) whose steps match the path so far, narrowed by one more step at
+ * `depth`: a key (key != NULL) or an index. */
+static uint64_t narrow(const scan_t *s, uint64_t alive, int depth, const unsigned char *key, Py_ssize_t klen,
+                       Py_ssize_t index)
+{
+    uint64_t next = 0;
+    for (int i = 0; alive >> i; i++) {
+        if (!((alive >> i) & 1))
+            continue;
+        const field_t *f = &s->fields[i];
+        if (f->nsteps <= depth)
+            continue;
+        if (key != NULL ? (f->key[depth] != NULL && f->len[depth] == klen && memcmp(f->key[depth], key, (size_t)klen) == 0)
+                        : (f->key[depth] == NULL && f->len[depth] == index))
+            next |= (uint64_t)1 << i;
+    }
+    return next;
+}
+
+/* A value at s->p (after space) whose path so far is matched by the fields in `alive`, at `depth`. */
+static int scan_value(scan_t *s, uint64_t alive, int depth)
+{
+    if (depth > MAX_DEPTH)
+        return UNDECIDED;
+    if (s->p >= s->end)
+        return UNDECIDED;
+    Py_ssize_t start = s->p;
+    int rc, escaped;
+    unsigned char c = s->b[start];
+    if (c == '{') {
+        s->p++;
+        skip_space(s);
+        if (s->p < s->end && s->b[s->p] == '}') {
+            s->p++;
+        } else {
+            for (;;) {
+                if (s->p >= s->end || s->b[s->p] != '"')
+                    return UNDECIDED;
+                Py_ssize_t key = s->p + 1;
+                if (scan_string(s, &escaped) != OK)
+                    return UNDECIDED;
+                uint64_t child = 0;
+                if (alive && !escaped) {
+                    child = narrow(s, alive, depth, s->b + key, s->p - 1 - key, 0);
+                } else if (alive) { /* a key spelled with escapes: compared as it reads */
+                    unsigned char plain[KEY_BUFFER];
+                    Py_ssize_t n = unescape(s->b + key, s->p - 1 - key, plain);
+                    if (n < 0)
+                        return UNDECIDED;
+                    child = narrow(s, alive, depth, plain, n, 0);
+                }
+                skip_space(s);
+                if (s->p >= s->end || s->b[s->p] != ':')
+                    return UNDECIDED;
+                s->p++;
+                skip_space(s);
+                if (scan_value(s, child, depth + 1) != OK)
+                    return UNDECIDED;
+                skip_space(s);
+                if (s->p < s->end && s->b[s->p] == ',') {
+                    s->p++;
+                    skip_space(s);
+                    continue;
+                }
+                if (s->p < s->end && s->b[s->p] == '}') {
+                    s->p++;
+                    break;
+                }
+                return UNDECIDED;
+            }
+        }
+        rc = OK;
+    } else if (c == '[') {
+        s->p++;
+        skip_space(s);
+        if (s->p < s->end && s->b[s->p] == ']') {
+            s->p++;
+        } else {
+            for (Py_ssize_t index = 0;; index++) {
+                uint64_t child = alive ? narrow(s, alive, depth, NULL, 0, index) : 0;
+                if (scan_value(s, child, depth + 1) != OK)
+                    return UNDECIDED;
+                skip_space(s);
+                if (s->p < s->end && s->b[s->p] == ',') {
+                    s->p++;
+                    skip_space(s);
+                    continue;
+                }
+                if (s->p < s->end && s->b[s->p] == ']') {
+                    s->p++;
+                    break;
+                }
+                return UNDECIDED;
+            }
+        }
+        rc = OK;
+    } else if (c == '"') {
+        rc = scan_string(s, &escaped);
+        /* a string that reads as a text envelope: the policy for encrypted input is Python's */
+        if (rc == OK && alive && s->p - start >= 5 && memcmp(s->b + start + 1, "/KNL", 4) == 0)
+            return UNDECIDED;
+    } else if (c == 't') {
+        rc = scan_literal(s, "true", 4);
+    } else if (c == 'f') {
+        rc = scan_literal(s, "false", 5);
+    } else if (c == 'n') {
+        rc = scan_literal(s, "null", 4);
+    } else {
+        rc = scan_number(s);
+    }
+    if (rc != OK)
+        return UNDECIDED;
+    for (int i = 0; alive >> i; i++) {
+        if (((alive >> i) & 1) && s->fields[i].nsteps == depth) {
+            if (s->nfound == MAX_FOUND)
+                return UNDECIDED;
+            s->found[s->nfound++] = (found_t){start, s->p, i};
+        }
+    }
+    return OK;
+}
+
+/* The value b[0..n) with its fields sealed; None when it has none; Ellipsis when undecided. */
+static PyObject *seal_value(scan_t *s, const unsigned char *b, Py_ssize_t n, const unsigned char *identity,
+                            Py_ssize_t ilen)
+{
+    s->b = b;
+    s->p = 0;
+    s->end = n;
+    s->nfound = 0;
+    skip_space(s);
+    uint64_t all = ((uint64_t)1 << s->nfields) - 1;
+    if (scan_value(s, all, 0) != OK)
+        return Py_NewRef(Py_Ellipsis);
+    skip_space(s);
+    if (s->p != n)
+        return Py_NewRef(Py_Ellipsis);
+    if (s->nfound == 0)
+        Py_RETURN_NONE;
+    /* the bound identity: 0x00 without a key, 0x01 + the key */
+    unsigned char tag = identity == NULL ? 0 : 1;
+    Py_ssize_t size = n, largest = 0;
+    for (int i = 0; i < s->nfound; i++) {
+        const field_t *f = &s->fields[s->found[i].field];
+        Py_ssize_t sealed = ENVELOPE_SIZE(f->hlen, s->found[i].end - s->found[i].start);
+        if (sealed > largest)
+            largest = sealed;
+        size += BASE64_SIZE(sealed) + 2 - (s->found[i].end - s->found[i].start);
+    }
+    PyObject *result = PyBytes_FromStringAndSize(NULL, size);
+    unsigned char *sealed = PyMem_Malloc((size_t)largest);
+    unsigned char *bound = PyMem_Malloc((size_t)ilen + 1);
+    if (result == NULL || sealed == NULL || bound == NULL) {
+        Py_XDECREF(result);
+        PyMem_Free(sealed);
+        PyMem_Free(bound);
+        return PyErr_NoMemory();
+    }
+    bound[0] = tag;
+    if (ilen)
+        memcpy(bound + 1, identity, (size_t)ilen);
+    char *o = PyBytes_AS_STRING(result);
+    Py_ssize_t at = 0;
+    for (int i = 0; i < s->nfound; i++) {
+        const found_t *found = &s->found[i];
+        const field_t *f = &s->fields[found->field];
+        memcpy(o, b + at, (size_t)(found->start - at));
+        o += found->start - at;
+        Py_ssize_t len = found->end - found->start;
+        if (seal_into(f->aead, f->header, f->hlen, b + found->start, len, f->aad, f->alen, bound, ilen + 1, sealed) < 0) {
+            Py_DECREF(result);
+            result = NULL;
+            break;
+        }
+        *o++ = '"';
+        o += base64_into(sealed, ENVELOPE_SIZE(f->hlen, len), o);
+        *o++ = '"';
+        at = found->end;
+    }
+    if (result != NULL)
+        memcpy(o, b + at, (size_t)(n - at));
+    PyMem_Free(sealed);
+    PyMem_Free(bound);
+    return result;
+}
+
+/* Reads `fields`: a tuple of (steps, aead, header, aad) with steps a tuple of str or int. The
+ * steps' keys are held as UTF-8 in `keep` (a list owning them). */
+static int read_fields(PyObject *fields, field_t *out, int *count, PyObject *keep)
+{
+    if (!PyTuple_Check(fields) || PyTuple_GET_SIZE(fields) == 0 || PyTuple_GET_SIZE(fields) > MAX_FIELDS) {
+        PyErr_SetString(PyExc_ValueError, "fields: a tuple of 1 to 63 (steps, aead, header, aad)");
+        return -1;
+    }
+    *count = (int)PyTuple_GET_SIZE(fields);
+    for (int i = 0; i < *count; i++) {
+        PyObject *item = PyTuple_GET_ITEM(fields, i), *steps, *aead, *header, *aad;
+        if (!PyTuple_Check(item) || PyTuple_GET_SIZE(item) != 4) {
+            PyErr_SetString(PyExc_ValueError, "a field is (steps, aead, header, aad)");
+            return -1;
+        }
+        steps = PyTuple_GET_ITEM(item, 0);
+        aead = PyTuple_GET_ITEM(item, 1);
+        header = PyTuple_GET_ITEM(item, 2);
+        aad = PyTuple_GET_ITEM(item, 3);
+        if (!PyTuple_Check(steps) || PyTuple_GET_SIZE(steps) == 0 || PyTuple_GET_SIZE(steps) > MAX_DEPTH
+            || !PyObject_TypeCheck(aead, &AeadType) || !PyBytes_Check(header) || !PyBytes_Check(aad)) {
+            PyErr_SetString(PyExc_TypeError, "a field is (steps: tuple, Aead, header: bytes, aad: bytes)");
+            return -1;
+        }
+        field_t *f = &out[i];
+        f->nsteps = PyTuple_GET_SIZE(steps);
+        f->key = PyMem_Calloc((size_t)f->nsteps, sizeof(char *));
+        f->len = PyMem_Calloc((size_t)f->nsteps, sizeof(Py_ssize_t));
+        if (f->key == NULL || f->len == NULL) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        for (Py_ssize_t k = 0; k < f->nsteps; k++) {
+            PyObject *step = PyTuple_GET_ITEM(steps, k);
+            if (PyUnicode_Check(step)) {
+                PyObject *utf8 = PyUnicode_AsUTF8String(step);
+                if (utf8 == NULL || PyList_Append(keep, utf8) < 0) {
+                    Py_XDECREF(utf8);
+                    return -1;
+                }
+                Py_DECREF(utf8);
+                f->key[k] = PyBytes_AS_STRING(utf8);
+                f->len[k] = PyBytes_GET_SIZE(utf8);
+            } else if (PyLong_Check(step)) {
+                f->len[k] = PyLong_AsSsize_t(step);
+                if (f->len[k] < 0) {
+                    if (!PyErr_Occurred())
+                        PyErr_SetString(PyExc_ValueError, "an index step must not be negative");
+                    return -1;
+                }
+            } else {
+                PyErr_SetString(PyExc_TypeError, "a step is a str or an int");
+                return -1;
+            }
+        }
+        f->aead = (Aead *)aead;
+        f->header = (const unsigned char *)PyBytes_AS_STRING(header);
+        f->hlen = PyBytes_GET_SIZE(header);
+        f->aad = (const unsigned char *)PyBytes_AS_STRING(aad);
+        f->alen = PyBytes_GET_SIZE(aad);
+    }
+    return 0;
+}
+
+/* A span's integer at `i` (values.RecordSpan: key at 6, key end 7, value 8, value end 9). */
+static int span_at(PyObject *span, Py_ssize_t i, Py_ssize_t *out)
+{
+    if (!PyTuple_Check(span) || PyTuple_GET_SIZE(span) <= i) {
+        PyErr_SetString(PyExc_TypeError, "a span is a RecordSpan tuple");
+        return -1;
+    }
+    *out = PyLong_AsSsize_t(PyTuple_GET_ITEM(span, i));
+    return (*out == -1 && PyErr_Occurred()) ? -1 : 0;
+}
+
+static PyObject *seal_json_fields(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 3 || !PyBytes_Check(args[0]) || !PyList_Check(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "seal_json_fields(area: bytes, spans: list, fields: tuple)");
+        return NULL;
+    }
+    const unsigned char *area = (const unsigned char *)PyBytes_AS_STRING(args[0]);
+    Py_ssize_t size = PyBytes_GET_SIZE(args[0]);
+    PyObject *spans = args[1];
+    field_t fields[MAX_FIELDS];
+    memset(fields, 0, sizeof fields);
+    scan_t *scan = PyMem_Malloc(sizeof(scan_t));
+    PyObject *keep = PyList_New(0), *result = NULL;
+    int count = 0;
+    if (scan == NULL || keep == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    if (read_fields(args[2], fields, &count, keep) < 0)
+        goto done;
+    scan->fields = fields;
+    scan->nfields = count;
+    Py_ssize_t n = PyList_GET_SIZE(spans);
+    result = PyList_New(n);
+    if (result == NULL)
+        goto done;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *span = PyList_GET_ITEM(spans, i), *value;
+        Py_ssize_t key, key_end, at, end;
+        if (span_at(span, 6, &key) < 0 || span_at(span, 7, &key_end) < 0 || span_at(span, 8, &at) < 0
+            || span_at(span, 9, &end) < 0) {
+            Py_CLEAR(result);
+            goto done;
+        }
+        if ((key >= 0 && (key > key_end || key_end > size)) || (at >= 0 && (at > end || end > size))) {
+            PyErr_SetString(PyExc_ValueError, "a span is not within the area");
+            Py_CLEAR(result);
+            goto done;
+        }
+        if (at < 0) {
+            value = Py_NewRef(Py_None);
+        } else {
+            value = seal_value(scan, area + at, end - at, key < 0 ? NULL : area + key, key < 0 ? 0 : key_end - key);
+            if (value == NULL) {
+                Py_CLEAR(result);
+                goto done;
+            }
+        }
+        PyList_SET_ITEM(result, i, value);
+    }
+done:
+    for (int i = 0; i < MAX_FIELDS; i++) {
+        PyMem_Free((void *)fields[i].key);
+        PyMem_Free(fields[i].len);
+    }
+    Py_XDECREF(keep);
+    PyMem_Free(scan);
+    return result;
+}
+
+static PyMethodDef module_methods[] = {
+    {"seal_json_fields", (PyCFunction)(void (*)(void))seal_json_fields, METH_FASTCALL,
+     "seal_json_fields(area, spans, fields): each record's value with its JSON fields sealed."},
+    {NULL},
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "kanal_encryption.crypto._aead", "The encryption plugin's compiled per-record work.", -1,
+    module_methods,
+};
+
+PyMODINIT_FUNC PyInit__aead(void)
+{
+    if (PyType_Ready(&AeadType) < 0)
+        return NULL;
+    PyObject *m = PyModule_Create(&module);
+    if (m == NULL)
+        return NULL;
+    if (PyModule_AddObjectRef(m, "Aead", (PyObject *)&AeadType) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}
