@@ -15,6 +15,7 @@
  * AEADs and to the Python path (encrypt.py), and fuzz the scan against orjson. Client bytes come
  * through here, so every read is bounded by the value's end.
  */
+#define _GNU_SOURCE /* memmem */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <openssl/evp.h>
@@ -228,6 +229,16 @@ static int seal_into(Aead *self, const unsigned char *header, Py_ssize_t hlen, c
 #define BASE64_SIZE(n) (((n) + 2) / 3 * 4)
 
 static const char B64[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+/* Two base64 characters per 12 bits (filled at import): half the lookups of one per 6 bits. */
+static uint16_t B64_PAIRS[4096];
+
+static void base64_init(void)
+{
+    for (int i = 0; i < 4096; i++) {
+        unsigned char pair[2] = {(unsigned char)B64[i >> 6], (unsigned char)B64[i & 63]};
+        memcpy(&B64_PAIRS[i], pair, 2);
+    }
+}
 
 /* Standard base64 (padded) of in[0..n) in out; its length. */
 static Py_ssize_t base64_into(const unsigned char *in, Py_ssize_t n, char *out)
@@ -236,10 +247,8 @@ static Py_ssize_t base64_into(const unsigned char *in, Py_ssize_t n, char *out)
     Py_ssize_t i = 0;
     for (; i + 3 <= n; i += 3) {
         uint32_t v = (uint32_t)in[i] << 16 | (uint32_t)in[i + 1] << 8 | in[i + 2];
-        o[0] = B64[v >> 18];
-        o[1] = B64[(v >> 12) & 63];
-        o[2] = B64[(v >> 6) & 63];
-        o[3] = B64[v & 63];
+        memcpy(o, &B64_PAIRS[v >> 12], 2);
+        memcpy(o + 2, &B64_PAIRS[v & 4095], 2);
         o += 4;
     }
     if (i < n) {
@@ -314,6 +323,7 @@ static PyObject *Aead_seal_text(Aead *self, PyObject *const *args, Py_ssize_t na
 
 static PyObject *Aead_count(Aead *self, void *closure)
 {
+    (void)closure;
     unsigned __int128 n = self->next - self->start;
     return PyLong_FromUnsignedLongLong((unsigned long long)n);
 }
@@ -367,9 +377,13 @@ typedef struct {
 } field_t;
 
 typedef struct {
-    Py_ssize_t start, end;
+    Py_ssize_t start, end; /* the value's bytes (sealing), the string's with its quotes (opening) */
     int field;
+    Py_ssize_t clear, clear_len; /* opening: the plaintext, in the arena */
 } found_t;
+
+#define LABEL_MAX 1024
+#define HEAD_MAX 512
 
 typedef struct {
     const unsigned char *b;
@@ -378,6 +392,18 @@ typedef struct {
     int nfields;
     found_t found[MAX_FOUND];
     int nfound;
+    /* opening: envelopes are opened where they are found (every one, or the listed fields') */
+    int opening, every;
+    unsigned char label[LABEL_MAX]; /* the path so far: "value.a[0]" */
+    Py_ssize_t label_len;
+    PyObject *heads; /* envelope header (bytes) -> Aead */
+    unsigned char last_head[HEAD_MAX]; /* the header looked up last, and its AEAD */
+    Py_ssize_t last_hlen;
+    Aead *last_aead;
+    const unsigned char *prefix, *bound; /* "kanal\0<topic>\0"; 0x00, or 0x01 + the record key */
+    Py_ssize_t plen, blen;
+    unsigned char *scratch, *arena; /* a decoded envelope; the plaintexts */
+    Py_ssize_t used, cap;
 } scan_t;
 
 /* What a scan can say: the JSON reads (OK), is not JSON as this scan reads it (UNDECIDED: the
@@ -423,6 +449,19 @@ static int scan_string(scan_t *s, int *escaped)
     Py_ssize_t p = s->p + 1, end = s->end;
     *escaped = 0;
     while (p < end) {
+        /* eight plain ASCII bytes at a time (no quote, backslash, control or non-ASCII byte) */
+        while (p + 8 <= end) {
+            uint64_t x;
+            memcpy(&x, b + p, 8);
+            const uint64_t ones = 0x0101010101010101ULL, highs = 0x8080808080808080ULL;
+            uint64_t quote = x ^ (ones * '"'), slash = x ^ (ones * '\\');
+            uint64_t special = ((quote - ones) & ~quote) | ((slash - ones) & ~slash) | (x - ones * 0x20) | x;
+            if (special & highs)
+                break;
+            p += 8;
+        }
+        if (p >= end)
+            break;
         unsigned char c = b[p];
         if (c == '"') {
             s->p = p + 1;
@@ -583,6 +622,141 @@ static uint64_t narrow(const scan_t *s, uint64_t alive, int depth, const unsigne
     return next;
 }
 
+/* ------------------------------------------------------------------------ opening envelopes */
+
+static int scan_value(scan_t *s, uint64_t alive, int depth);
+
+/* Appends ".<key>" to the label (the key as it reads, escapes decoded). */
+static int label_step(scan_t *s, const unsigned char *key, Py_ssize_t n, int escaped)
+{
+    unsigned char plain[KEY_BUFFER];
+    if (escaped) {
+        n = unescape(key, n, plain);
+        if (n < 0)
+            return -1;
+        key = plain;
+    }
+    if (s->label_len + 1 + n > LABEL_MAX)
+        return -1;
+    s->label[s->label_len++] = '.';
+    memcpy(s->label + s->label_len, key, (size_t)n);
+    s->label_len += n;
+    return 0;
+}
+
+/* Whether a listed field ends here. */
+static int at_field(const scan_t *s, uint64_t alive, int depth)
+{
+    for (int i = 0; alive >> i; i++)
+        if (((alive >> i) & 1) && s->fields[i].nsteps == depth)
+            return 1;
+    return 0;
+}
+
+static signed char B64_VALUES[256];
+
+static void base64_decode_init(void)
+{
+    memset(B64_VALUES, -1, sizeof B64_VALUES);
+    for (int i = 0; i < 64; i++)
+        B64_VALUES[(unsigned char)B64[i]] = (signed char)i;
+}
+
+/* Strict standard base64 (padded, nothing else) of in[0..n) into out; its length, or -1. */
+static Py_ssize_t base64_decode(const unsigned char *in, Py_ssize_t n, unsigned char *out)
+{
+    if (n == 0 || n % 4)
+        return -1;
+    Py_ssize_t pad = in[n - 1] == '=' ? (in[n - 2] == '=' ? 2 : 1) : 0;
+    unsigned char *o = out;
+    for (Py_ssize_t i = 0; i < n; i += 4) {
+        int last = i + 4 == n;
+        int a = B64_VALUES[in[i]], b = B64_VALUES[in[i + 1]];
+        int c = last && pad == 2 ? 0 : B64_VALUES[in[i + 2]];
+        int d = last && pad ? 0 : B64_VALUES[in[i + 3]];
+        if ((a | b | c | d) < 0)
+            return -1;
+        uint32_t v = (uint32_t)a << 18 | (uint32_t)b << 12 | (uint32_t)c << 6 | (uint32_t)d;
+        *o++ = (unsigned char)(v >> 16);
+        if (!(last && pad == 2))
+            *o++ = (unsigned char)(v >> 8);
+        if (!(last && pad))
+            *o++ = (unsigned char)v;
+    }
+    return o - out;
+}
+
+/* The AEAD of an envelope header: the last one's (a batch mostly shares one), else from `heads`;
+ * NULL when it is not at hand. */
+static Aead *head_aead(scan_t *s, const unsigned char *head, Py_ssize_t hlen)
+{
+    if (s->last_aead != NULL && s->last_hlen == hlen && memcmp(s->last_head, head, (size_t)hlen) == 0)
+        return s->last_aead;
+    PyObject *key = PyBytes_FromStringAndSize((const char *)head, hlen);
+    if (key == NULL) {
+        PyErr_Clear();
+        return NULL;
+    }
+    PyObject *found = PyDict_GetItemWithError(s->heads, key); /* borrowed; `heads` holds it */
+    Py_DECREF(key);
+    if (found == NULL || !PyObject_TypeCheck(found, &AeadType)) {
+        PyErr_Clear();
+        return NULL;
+    }
+    if (hlen <= HEAD_MAX) {
+        memcpy(s->last_head, head, (size_t)hlen);
+        s->last_hlen = hlen;
+        s->last_aead = (Aead *)found;
+    }
+    return (Aead *)found;
+}
+
+/* Opens the text envelope of the string b[start..end) (with its quotes) into the arena: OK, or
+ * UNDECIDED for anything but a clean opening (its key not at hand, malformed, not authentic,
+ * compressed, not JSON inside), which the Python path then decides and reports. */
+static int open_text(scan_t *s, Py_ssize_t start, Py_ssize_t end)
+{
+    if (s->nfound == MAX_FOUND)
+        return UNDECIDED;
+    unsigned char *d = s->scratch;
+    Py_ssize_t m = base64_decode(s->b + start + 1, end - start - 2, d);
+    if (m < 8 || d[3] != 1 || d[5] != 0 || d[4] < 1 || d[4] > 3)
+        return UNDECIDED; /* (the magic is what the text prefix decodes to) */
+    Py_ssize_t hlen = 8 + ((Py_ssize_t)d[6] << 8 | d[7]);
+    if (hlen + 2 > m)
+        return UNDECIDED;
+    hlen += 2 + ((Py_ssize_t)d[hlen] << 8 | d[hlen + 1]);
+    Py_ssize_t size = m - hlen - NONCE_SIZE - TAG_SIZE;
+    if (size < 0 || size > INT_MAX || s->used + size > s->cap)
+        return UNDECIDED;
+    Aead *aead = head_aead(s, d, hlen);
+    if (aead == NULL)
+        return UNDECIDED;
+    EVP_CIPHER_CTX *c = aead->dec;
+    unsigned char *out = s->arena + s->used;
+    int len;
+    if (EVP_DecryptInit_ex(c, NULL, NULL, NULL, d + hlen) != 1
+        || EVP_DecryptUpdate(c, NULL, &len, d, (int)hlen) != 1
+        || EVP_DecryptUpdate(c, NULL, &len, s->prefix, (int)s->plen) != 1
+        || EVP_DecryptUpdate(c, NULL, &len, s->label, (int)s->label_len) != 1
+        || EVP_DecryptUpdate(c, NULL, &len, s->bound, (int)s->blen) != 1
+        || (size && EVP_DecryptUpdate(c, out, &len, d + hlen + NONCE_SIZE, (int)size) != 1)
+        || EVP_CIPHER_CTX_ctrl(c, EVP_CTRL_AEAD_SET_TAG, TAG_SIZE, d + hlen + NONCE_SIZE + size) != 1
+        || EVP_DecryptFinal_ex(c, out + size, &len) != 1)
+        return UNDECIDED;
+    /* the plaintext is a JSON value (as the encrypter sealed it): checked before it is spliced in */
+    scan_t inner = {.b = out, .p = 0, .end = size};
+    skip_space(&inner);
+    if (scan_value(&inner, 0, 0) != OK)
+        return UNDECIDED;
+    skip_space(&inner);
+    if (inner.p != size)
+        return UNDECIDED;
+    s->found[s->nfound++] = (found_t){start, end, 0, s->used, size};
+    s->used += size;
+    return OK;
+}
+
 /* A value at s->p (after space) whose path so far is matched by the fields in `alive`, at `depth`. */
 static int scan_value(scan_t *s, uint64_t alive, int depth)
 {
@@ -606,6 +780,9 @@ static int scan_value(scan_t *s, uint64_t alive, int depth)
                 if (scan_string(s, &escaped) != OK)
                     return UNDECIDED;
                 uint64_t child = 0;
+                Py_ssize_t label_len = s->label_len;
+                if (s->opening && label_step(s, s->b + key, s->p - 1 - key, escaped) < 0)
+                    return UNDECIDED;
                 if (alive && !escaped) {
                     child = narrow(s, alive, depth, s->b + key, s->p - 1 - key, 0);
                 } else if (alive) { /* a key spelled with escapes: compared as it reads */
@@ -622,6 +799,7 @@ static int scan_value(scan_t *s, uint64_t alive, int depth)
                 skip_space(s);
                 if (scan_value(s, child, depth + 1) != OK)
                     return UNDECIDED;
+                s->label_len = label_len;
                 skip_space(s);
                 if (s->p < s->end && s->b[s->p] == ',') {
                     s->p++;
@@ -644,8 +822,16 @@ static int scan_value(scan_t *s, uint64_t alive, int depth)
         } else {
             for (Py_ssize_t index = 0;; index++) {
                 uint64_t child = alive ? narrow(s, alive, depth, NULL, 0, index) : 0;
+                Py_ssize_t label_len = s->label_len;
+                if (s->opening) {
+                    int n = snprintf((char *)s->label + label_len, (size_t)(LABEL_MAX - label_len), "[%zd]", index);
+                    if (n < 0 || n >= LABEL_MAX - label_len)
+                        return UNDECIDED;
+                    s->label_len += n;
+                }
                 if (scan_value(s, child, depth + 1) != OK)
                     return UNDECIDED;
+                s->label_len = label_len;
                 skip_space(s);
                 if (s->p < s->end && s->b[s->p] == ',') {
                     s->p++;
@@ -662,8 +848,14 @@ static int scan_value(scan_t *s, uint64_t alive, int depth)
         rc = OK;
     } else if (c == '"') {
         rc = scan_string(s, &escaped);
+        int envelope = rc == OK && s->p - start >= 6 && memcmp(s->b + start + 1, "/KNL", 4) == 0;
+        if (s->opening) {
+            if (envelope && (s->every || at_field(s, alive, depth)))
+                return open_text(s, start, s->p);
+            return rc;
+        }
         /* a string that reads as a text envelope: the policy for encrypted input is Python's */
-        if (rc == OK && alive && s->p - start >= 5 && memcmp(s->b + start + 1, "/KNL", 4) == 0)
+        if (envelope && alive)
             return UNDECIDED;
     } else if (c == 't') {
         rc = scan_literal(s, "true", 4);
@@ -676,11 +868,13 @@ static int scan_value(scan_t *s, uint64_t alive, int depth)
     }
     if (rc != OK)
         return UNDECIDED;
+    if (s->opening)
+        return OK;
     for (int i = 0; alive >> i; i++) {
         if (((alive >> i) & 1) && s->fields[i].nsteps == depth) {
             if (s->nfound == MAX_FOUND)
                 return UNDECIDED;
-            s->found[s->nfound++] = (found_t){start, s->p, i};
+            s->found[s->nfound++] = (found_t){start, s->p, i, 0, 0};
         }
     }
     return OK;
@@ -750,61 +944,75 @@ static PyObject *seal_value(scan_t *s, const unsigned char *b, Py_ssize_t n, con
     return result;
 }
 
-/* Reads `fields`: a tuple of (steps, aead, header, aad) with steps a tuple of str or int. The
- * steps' keys are held as UTF-8 in `keep` (a list owning them). */
-static int read_fields(PyObject *fields, field_t *out, int *count, PyObject *keep)
+/* Reads a field's steps (a non-empty tuple of str or int) into f; the keys' UTF-8 is held in `keep`. */
+static int read_steps(PyObject *steps, field_t *f, PyObject *keep)
+{
+    if (!PyTuple_Check(steps) || PyTuple_GET_SIZE(steps) == 0 || PyTuple_GET_SIZE(steps) > MAX_DEPTH) {
+        PyErr_SetString(PyExc_TypeError, "a field's steps: a tuple of 1 to 64 str or int");
+        return -1;
+    }
+    f->nsteps = PyTuple_GET_SIZE(steps);
+    f->key = PyMem_Calloc((size_t)f->nsteps, sizeof(char *));
+    f->len = PyMem_Calloc((size_t)f->nsteps, sizeof(Py_ssize_t));
+    if (f->key == NULL || f->len == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    for (Py_ssize_t k = 0; k < f->nsteps; k++) {
+        PyObject *step = PyTuple_GET_ITEM(steps, k);
+        if (PyUnicode_Check(step)) {
+            PyObject *utf8 = PyUnicode_AsUTF8String(step);
+            if (utf8 == NULL || PyList_Append(keep, utf8) < 0) {
+                Py_XDECREF(utf8);
+                return -1;
+            }
+            Py_DECREF(utf8);
+            f->key[k] = PyBytes_AS_STRING(utf8);
+            f->len[k] = PyBytes_GET_SIZE(utf8);
+        } else if (PyLong_Check(step)) {
+            f->len[k] = PyLong_AsSsize_t(step);
+            if (f->len[k] < 0) {
+                if (!PyErr_Occurred())
+                    PyErr_SetString(PyExc_ValueError, "an index step must not be negative");
+                return -1;
+            }
+        } else {
+            PyErr_SetString(PyExc_TypeError, "a step is a str or an int");
+            return -1;
+        }
+    }
+    return 0;
+}
+
+/* Reads `fields`: a tuple of (steps, aead, header, aad) to seal, or of steps alone (`steps_only`,
+ * fields to open). */
+static int read_fields(PyObject *fields, field_t *out, int *count, PyObject *keep, int steps_only)
 {
     if (!PyTuple_Check(fields) || PyTuple_GET_SIZE(fields) == 0 || PyTuple_GET_SIZE(fields) > MAX_FIELDS) {
-        PyErr_SetString(PyExc_ValueError, "fields: a tuple of 1 to 63 (steps, aead, header, aad)");
+        PyErr_SetString(PyExc_ValueError, "fields: a tuple of 1 to 63 fields");
         return -1;
     }
     *count = (int)PyTuple_GET_SIZE(fields);
     for (int i = 0; i < *count; i++) {
-        PyObject *item = PyTuple_GET_ITEM(fields, i), *steps, *aead, *header, *aad;
+        PyObject *item = PyTuple_GET_ITEM(fields, i);
+        if (steps_only) {
+            if (read_steps(item, &out[i], keep) < 0)
+                return -1;
+            continue;
+        }
         if (!PyTuple_Check(item) || PyTuple_GET_SIZE(item) != 4) {
             PyErr_SetString(PyExc_ValueError, "a field is (steps, aead, header, aad)");
             return -1;
         }
-        steps = PyTuple_GET_ITEM(item, 0);
-        aead = PyTuple_GET_ITEM(item, 1);
-        header = PyTuple_GET_ITEM(item, 2);
-        aad = PyTuple_GET_ITEM(item, 3);
-        if (!PyTuple_Check(steps) || PyTuple_GET_SIZE(steps) == 0 || PyTuple_GET_SIZE(steps) > MAX_DEPTH
-            || !PyObject_TypeCheck(aead, &AeadType) || !PyBytes_Check(header) || !PyBytes_Check(aad)) {
+        PyObject *aead = PyTuple_GET_ITEM(item, 1), *header = PyTuple_GET_ITEM(item, 2);
+        PyObject *aad = PyTuple_GET_ITEM(item, 3);
+        if (!PyObject_TypeCheck(aead, &AeadType) || !PyBytes_Check(header) || !PyBytes_Check(aad)) {
             PyErr_SetString(PyExc_TypeError, "a field is (steps: tuple, Aead, header: bytes, aad: bytes)");
             return -1;
         }
         field_t *f = &out[i];
-        f->nsteps = PyTuple_GET_SIZE(steps);
-        f->key = PyMem_Calloc((size_t)f->nsteps, sizeof(char *));
-        f->len = PyMem_Calloc((size_t)f->nsteps, sizeof(Py_ssize_t));
-        if (f->key == NULL || f->len == NULL) {
-            PyErr_NoMemory();
+        if (read_steps(PyTuple_GET_ITEM(item, 0), f, keep) < 0)
             return -1;
-        }
-        for (Py_ssize_t k = 0; k < f->nsteps; k++) {
-            PyObject *step = PyTuple_GET_ITEM(steps, k);
-            if (PyUnicode_Check(step)) {
-                PyObject *utf8 = PyUnicode_AsUTF8String(step);
-                if (utf8 == NULL || PyList_Append(keep, utf8) < 0) {
-                    Py_XDECREF(utf8);
-                    return -1;
-                }
-                Py_DECREF(utf8);
-                f->key[k] = PyBytes_AS_STRING(utf8);
-                f->len[k] = PyBytes_GET_SIZE(utf8);
-            } else if (PyLong_Check(step)) {
-                f->len[k] = PyLong_AsSsize_t(step);
-                if (f->len[k] < 0) {
-                    if (!PyErr_Occurred())
-                        PyErr_SetString(PyExc_ValueError, "an index step must not be negative");
-                    return -1;
-                }
-            } else {
-                PyErr_SetString(PyExc_TypeError, "a step is a str or an int");
-                return -1;
-            }
-        }
         f->aead = (Aead *)aead;
         f->header = (const unsigned char *)PyBytes_AS_STRING(header);
         f->hlen = PyBytes_GET_SIZE(header);
@@ -827,6 +1035,7 @@ static int span_at(PyObject *span, Py_ssize_t i, Py_ssize_t *out)
 
 static PyObject *seal_json_fields(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
+    (void)module;
     if (nargs != 3 || !PyBytes_Check(args[0]) || !PyList_Check(args[1])) {
         PyErr_SetString(PyExc_TypeError, "seal_json_fields(area: bytes, spans: list, fields: tuple)");
         return NULL;
@@ -836,14 +1045,14 @@ static PyObject *seal_json_fields(PyObject *module, PyObject *const *args, Py_ss
     PyObject *spans = args[1];
     field_t fields[MAX_FIELDS];
     memset(fields, 0, sizeof fields);
-    scan_t *scan = PyMem_Malloc(sizeof(scan_t));
+    scan_t *scan = PyMem_Calloc(1, sizeof(scan_t));
     PyObject *keep = PyList_New(0), *result = NULL;
     int count = 0;
     if (scan == NULL || keep == NULL) {
         PyErr_NoMemory();
         goto done;
     }
-    if (read_fields(args[2], fields, &count, keep) < 0)
+    if (read_fields(args[2], fields, &count, keep, 0) < 0)
         goto done;
     scan->fields = fields;
     scan->nfields = count;
@@ -885,9 +1094,206 @@ done:
     return result;
 }
 
+/* The zigzag varint at b[*p], read below `limit`; -1 when it does not end there. */
+static int read_zigzag(const unsigned char *b, Py_ssize_t limit, Py_ssize_t *p, int64_t *out)
+{
+    uint64_t raw = 0;
+    Py_ssize_t q = *p;
+    for (int shift = 0;; shift += 7) {
+        if (q >= limit || shift > 63)
+            return -1;
+        unsigned char x = b[q++];
+        raw |= (uint64_t)(x & 0x7F) << shift;
+        if (x < 0x80)
+            break;
+    }
+    *p = q;
+    *out = (int64_t)(raw >> 1) ^ -(int64_t)(raw & 1);
+    return 0;
+}
+
+/* Whether a record's header section b[p..end) holds a value starting with the envelope magic
+ * (or does not read): then the record is the Python path's. */
+static int headers_hold_envelopes(const unsigned char *b, Py_ssize_t p, Py_ssize_t end)
+{
+    int64_t count, n;
+    if (read_zigzag(b, end, &p, &count) < 0 || count < 0)
+        return 1;
+    for (int64_t i = 0; i < count; i++) {
+        if (read_zigzag(b, end, &p, &n) < 0 || n < 0 || n > end - p)
+            return 1;
+        p += n;
+        if (read_zigzag(b, end, &p, &n) < 0 || n > end - p)
+            return 1;
+        if (n >= 3 && memcmp(b + p, "\xfc\xa3\x4b", 3) == 0)
+            return 1;
+        if (n > 0)
+            p += n;
+    }
+    return 0;
+}
+
+/* The value b[0..n) with its envelopes opened; None when it has none; Ellipsis when undecided. */
+static PyObject *open_value(scan_t *s, const unsigned char *b, Py_ssize_t n, Py_ssize_t part_len)
+{
+    static const unsigned char mark[] = "\"/KNL";
+    if (memmem(b, (size_t)n, mark, 5) == NULL)
+        Py_RETURN_NONE;
+    s->b = b;
+    s->p = 0;
+    s->end = n;
+    s->nfound = 0;
+    s->used = 0;
+    s->label_len = part_len;
+    skip_space(s);
+    if (scan_value(s, s->every ? 0 : ((uint64_t)1 << s->nfields) - 1, 0) != OK)
+        return Py_NewRef(Py_Ellipsis);
+    skip_space(s);
+    if (s->p != n)
+        return Py_NewRef(Py_Ellipsis);
+    if (s->nfound == 0)
+        Py_RETURN_NONE;
+    Py_ssize_t size = n;
+    for (int i = 0; i < s->nfound; i++)
+        size += s->found[i].clear_len - (s->found[i].end - s->found[i].start);
+    PyObject *result = PyBytes_FromStringAndSize(NULL, size);
+    if (result == NULL)
+        return NULL;
+    char *o = PyBytes_AS_STRING(result);
+    Py_ssize_t at = 0;
+    for (int i = 0; i < s->nfound; i++) {
+        const found_t *f = &s->found[i];
+        memcpy(o, b + at, (size_t)(f->start - at));
+        o += f->start - at;
+        memcpy(o, s->arena + f->clear, (size_t)f->clear_len);
+        o += f->clear_len;
+        at = f->end;
+    }
+    memcpy(o, b + at, (size_t)(n - at));
+    return result;
+}
+
+static PyObject *open_json_fields(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)module;
+    if (nargs != 9 || !PyBytes_Check(args[0]) || !PyList_Check(args[1]) || !PyDict_Check(args[3])
+        || !PyBytes_Check(args[4]) || !PyBytes_Check(args[5])) {
+        PyErr_SetString(PyExc_TypeError, "open_json_fields(area: bytes, spans: list, start: int, heads: dict, "
+                                         "prefix: bytes, part: bytes, fields: tuple | None, keys: bool, headers: bool)");
+        return NULL;
+    }
+    const unsigned char *area = (const unsigned char *)PyBytes_AS_STRING(args[0]);
+    Py_ssize_t size = PyBytes_GET_SIZE(args[0]);
+    PyObject *spans = args[1];
+    Py_ssize_t first = PyLong_AsSsize_t(args[2]);
+    if (first == -1 && PyErr_Occurred())
+        return NULL;
+    int keys = PyObject_IsTrue(args[7]), headers = PyObject_IsTrue(args[8]);
+    if (keys < 0 || headers < 0)
+        return NULL;
+    Py_ssize_t part_len = PyBytes_GET_SIZE(args[5]);
+    if (part_len >= LABEL_MAX) {
+        PyErr_SetString(PyExc_ValueError, "the part's label is too long");
+        return NULL;
+    }
+    field_t fields[MAX_FIELDS];
+    memset(fields, 0, sizeof fields);
+    scan_t *scan = PyMem_Calloc(1, sizeof(scan_t));
+    PyObject *keep = PyList_New(0), *values = NULL, *result = NULL;
+    unsigned char *bound = PyMem_Malloc((size_t)size + 1);
+    if (scan == NULL || keep == NULL || bound == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    scan->scratch = PyMem_Malloc((size_t)size + 1);
+    scan->arena = PyMem_Malloc((size_t)size + 1);
+    if (scan->scratch == NULL || scan->arena == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    scan->cap = size;
+    scan->opening = 1;
+    scan->every = args[6] == Py_None;
+    if (!scan->every) {
+        if (read_fields(args[6], fields, &scan->nfields, keep, 1) < 0)
+            goto done;
+        scan->fields = fields;
+    }
+    scan->heads = args[3];
+    scan->prefix = (const unsigned char *)PyBytes_AS_STRING(args[4]);
+    scan->plen = PyBytes_GET_SIZE(args[4]);
+    memcpy(scan->label, PyBytes_AS_STRING(args[5]), (size_t)part_len);
+    scan->bound = bound;
+    values = PyList_New(0);
+    if (values == NULL)
+        goto done;
+    Py_ssize_t opened = 0;
+    for (Py_ssize_t i = first < 0 ? 0 : first; i < PyList_GET_SIZE(spans); i++) {
+        PyObject *span = PyList_GET_ITEM(spans, i), *value;
+        Py_ssize_t start, key, key_end, at, end, count;
+        if (span_at(span, 0, &start) < 0 || span_at(span, 2, &end) < 0 || span_at(span, 6, &key) < 0
+            || span_at(span, 7, &key_end) < 0 || span_at(span, 8, &at) < 0 || span_at(span, 10, &count) < 0)
+            goto done;
+        Py_ssize_t value_end;
+        if (span_at(span, 9, &value_end) < 0)
+            goto done;
+        if (start < 0 || end > size || (key >= 0 && (key > key_end || key_end > end))
+            || (at >= 0 && (at > value_end || value_end > end)) || value_end > end) {
+            PyErr_SetString(PyExc_ValueError, "a span is not within the area");
+            goto done;
+        }
+        if ((keys && key >= 0 && key_end - key >= 3 && memcmp(area + key, "\xfc\xa3\x4b", 3) == 0)
+            || (headers && count > 0 && headers_hold_envelopes(area, value_end, end)))
+            break; /* an encrypted key or header: the Python path */
+        if (at < 0) {
+            value = Py_NewRef(Py_None);
+        } else {
+            Py_ssize_t klen = key < 0 ? 0 : key_end - key;
+            bound[0] = key < 0 ? 0 : 1;
+            if (klen)
+                memcpy(bound + 1, area + key, (size_t)klen);
+            scan->blen = klen + 1;
+            if (value_end - at >= 3 && memcmp(area + at, "\xfc\xa3\x4b", 3) == 0)
+                break; /* the whole value is an envelope: the Python path */
+            value = open_value(scan, area + at, value_end - at, part_len);
+            if (value == NULL)
+                goto done;
+            if (value == Py_Ellipsis) {
+                Py_DECREF(value);
+                break;
+            }
+            if (value != Py_None)
+                opened += scan->nfound;
+        }
+        int failed = PyList_Append(values, value);
+        Py_DECREF(value);
+        if (failed < 0)
+            goto done;
+    }
+    result = Py_BuildValue("(On)", values, opened);
+done:
+    for (int i = 0; i < MAX_FIELDS; i++) {
+        PyMem_Free((void *)fields[i].key);
+        PyMem_Free(fields[i].len);
+    }
+    if (scan != NULL) {
+        PyMem_Free(scan->scratch);
+        PyMem_Free(scan->arena);
+    }
+    PyMem_Free(scan);
+    PyMem_Free(bound);
+    Py_XDECREF(values);
+    Py_XDECREF(keep);
+    return result;
+}
+
 static PyMethodDef module_methods[] = {
     {"seal_json_fields", (PyCFunction)(void (*)(void))seal_json_fields, METH_FASTCALL,
      "seal_json_fields(area, spans, fields): each record's value with its JSON fields sealed."},
+    {"open_json_fields", (PyCFunction)(void (*)(void))open_json_fields, METH_FASTCALL,
+     "open_json_fields(area, spans, start, heads, prefix, part, fields, keys, headers): from record `start`, "
+     "each value with its JSON fields' envelopes opened, up to the first record it leaves to the caller; "
+     "and how many it opened."},
     {NULL},
 };
 
@@ -900,6 +1306,8 @@ PyMODINIT_FUNC PyInit__aead(void)
 {
     if (PyType_Ready(&AeadType) < 0)
         return NULL;
+    base64_init();
+    base64_decode_init();
     PyObject *m = PyModule_Create(&module);
     if (m == NULL)
         return NULL;

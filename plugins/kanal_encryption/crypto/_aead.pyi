@@ -17,3 +17,14 @@ Field = tuple[tuple[str | int, ...], Aead, bytes, bytes]
 def seal_json_fields(
     area: bytes, spans: Sequence[tuple[int, ...]], fields: tuple[Field, ...]
 ) -> list[bytes | EllipsisType | None]: ...
+def open_json_fields(
+    area: bytes,
+    spans: Sequence[tuple[int, ...]],
+    start: int,
+    heads: dict[bytes, Aead],
+    prefix: bytes,
+    part: bytes,
+    fields: tuple[tuple[str | int, ...], ...] | None,
+    keys: bool,
+    headers: bool,
+) -> tuple[list[bytes | None], int]: ...

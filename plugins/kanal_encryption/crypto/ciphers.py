@@ -38,11 +38,11 @@ from nacl._sodium import ffi, lib
 
 try:
     from . import _aead as _COMPILED
-    from ._aead import Aead, seal_json_fields
+    from ._aead import Aead, open_json_fields, seal_json_fields
 except ImportError:  # built without a C compiler or OpenSSL's headers: cryptography and libsodium
     _COMPILED = None  # type: ignore[assignment]
     Aead = Any  # type: ignore[misc,assignment]
-    seal_json_fields = None  # type: ignore[assignment]
+    seal_json_fields = open_json_fields = None  # type: ignore[assignment]
 
 #: Whether the compiled AEADs (and field sealing) are built.
 COMPILED: Final = _COMPILED is not None
@@ -50,12 +50,14 @@ COMPILED: Final = _COMPILED is not None
 __all__ = [
     "COMPILED",
     "TAG_SIZE",
+    "Aead",
     "Algorithm",
     "Cipher",
     "DecryptError",
     "cipher",
     "compiled_aead",
     "nonce_start",
+    "open_json_fields",
     "python_cipher",
     "seal_json_fields",
 ]
@@ -121,19 +123,21 @@ class Cipher:
 
     Both are plain callables stored on the object (no method binding on each call)."""
 
-    __slots__ = ("algorithm", "decrypt", "encrypt")
+    __slots__ = ("aead", "algorithm", "decrypt", "encrypt")
 
-    def __init__(self, algorithm: Algorithm, encrypt: Encrypt, decrypt: Encrypt) -> None:
+    def __init__(self, algorithm: Algorithm, encrypt: Encrypt, decrypt: Encrypt, aead: Aead | None = None) -> None:
         self.algorithm = algorithm
         self.encrypt = encrypt
         self.decrypt = decrypt
+        #: The compiled AEAD behind both (what the compiled field pass opens with), if compiled.
+        self.aead = aead
 
 
 def cipher(algorithm: Algorithm, key: BytesLike) -> Cipher:
     """The cipher of ``key`` (exactly ``algorithm.key_size`` bytes, else ValueError)."""
     aead = compiled_aead(algorithm, bytes(key), bytes(12))
     if aead is not None:
-        return Cipher(algorithm, aead.encrypt, aead.decrypt)
+        return Cipher(algorithm, aead.encrypt, aead.decrypt, aead)
     return python_cipher(algorithm, key)
 
 

@@ -1,13 +1,16 @@
-"""The compiled field path (``_aead.c``'s ``seal_json_fields``): it seals the same fields the Python
-path does and they decrypt to the same document; it never takes for JSON what orjson refuses; and
-what it does not decide (surrogate escapes, exponents, fields already encrypted) goes to the Python path,
-so no field is ever left in clear."""
+"""The compiled field passes (``_aead.c``'s ``seal_json_fields`` and ``open_json_fields``): they
+seal and open the same fields the Python passes do, to the same documents; they never take for
+JSON what orjson refuses; and what they do not decide (surrogate escapes, exponents, fields already
+encrypted, a key to fetch, an envelope that does not open) goes to the Python pass, so no field is
+ever left in clear and every failure is reported as before."""
 
 from __future__ import annotations
 
+import base64
 import dataclasses
 import json
 from typing import Any
+from unittest.mock import patch
 
 import orjson
 import pytest
@@ -15,9 +18,10 @@ import trio
 from batch_keys import Keys, batch_of, plan_of
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from kanal_encryption import decrypt as decrypt_module
 from kanal_encryption.crypto.ciphers import seal_json_fields
 from kanal_encryption.crypto.envelope import TEXT_MAGIC, Sealer
-from kanal_encryption.decrypt import Selection, decrypt_batch
+from kanal_encryption.decrypt import DecryptionFailed, Selection, decrypt_batch
 from kanal_encryption.encrypt import AlreadyEncrypted, Plan, encrypt_batch
 from kanal_encryption.targets import associated_data
 
@@ -61,8 +65,13 @@ def _without_splice(plan: Plan) -> Plan:
     return python
 
 
-def _encrypt(plan: Plan, keys: Keys, values: list[bytes | None], keyed: bool = True) -> RecordBatch:
-    records = [Record(offset_delta=i, key=b"k%d" % i if keyed else None, value=v) for i, v in enumerate(values)]
+def _encrypt(
+    plan: Plan, keys: Keys, values: list[bytes | None], keyed: bool = True, headers: list[Any] | None = None
+) -> RecordBatch:
+    records = [
+        Record(offset_delta=i, key=b"k%d" % i if keyed else None, value=v, headers=headers)
+        for i, v in enumerate(values)
+    ]
     return RecordBatch.from_bytes(trio.run(encrypt_batch, plan, "orders", batch_of(records), keys))
 
 
@@ -252,3 +261,91 @@ def test_a_sealed_field_is_bound_to_the_record_key() -> None:
     [record] = sealed.records()
     moved = batch_of([Record(offset_delta=0, key=b"another", value=record.value)])
     assert _decrypt(keys, moved) == [record.value]  # stays encrypted (return_encrypted)
+
+
+# ------------------------------------------------------------------------------ opening fields
+
+
+def _decrypt_with(keys: Keys, batch: RecordBatch, selection: Selection, compiled: bool) -> tuple[list[Any], list[str]]:
+    failures: list[str] = []
+    with patch.object(decrypt_module, "open_json_fields", decrypt_module.open_json_fields if compiled else None):
+        data, _ = trio.run(decrypt_batch, selection, "orders", batch, keys, lambda label, exc: failures.append(label))
+    clear = RecordBatch.from_bytes(data) if data is not None else batch
+    return [None if r.value is None else orjson.loads(r.value) for r in clear.records()], failures
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    docs=st.lists(documents, min_size=1, max_size=5),
+    style=styles,
+    paths=st.lists(st.sampled_from(PATHS), min_size=1, max_size=3, unique=True),
+    listed=st.booleans(),
+    keyed=st.booleans(),
+)
+def test_the_compiled_pass_opens_what_the_python_pass_opens(
+    docs: list[Any], style: Any, paths: list[str], listed: bool, keyed: bool
+) -> None:
+    keys = Keys()
+    values = [style(d) for d in docs]
+    sealed = _encrypt(_plan(keys, paths), keys, values, keyed)
+    selection = Selection(value=frozenset(paths[:1]) if listed else None)
+    compiled = _decrypt_with(keys, sealed, selection, compiled=True)
+    assert compiled == _decrypt_with(keys, sealed, selection, compiled=False)
+    if not listed:
+        assert compiled[0] == [orjson.loads(v) for v in values]
+
+
+def test_the_compiled_pass_opens_all_but_the_record_that_fetches_the_key() -> None:
+    keys = Keys()
+    values = [b'{"a":"secret %d","b":{"c":[1,"two"]}}' % i for i in range(50)]
+    sealed = _encrypt(_plan(keys, ["a", "b.c"]), keys, values, headers=[("trace", b"t-1"), ("empty", None)])
+    decided: list[int] = []
+    real = decrypt_module.open_json_fields
+
+    def spy(*args: Any) -> Any:
+        values, opened = real(*args)
+        decided.append(len(values))
+        return values, opened
+
+    with patch.object(decrypt_module, "open_json_fields", spy):
+        data, opened = trio.run(decrypt_batch, Selection(), "orders", sealed, keys, lambda *f: None)
+    assert data is not None and opened == 100
+    clear = [orjson.loads(r.value or b"") for r in RecordBatch.from_bytes(data).records()]
+    assert clear == [orjson.loads(v) for v in values]
+    assert sum(decided) == 49  # the first record went through the Python pass, which unwrapped the key
+
+
+def test_a_field_that_does_not_open_is_reported_and_the_others_open() -> None:
+    keys = Keys()
+    sealed = _encrypt(_plan(keys, ["a"]), keys, [b'{"a":"one"}', b'{"a":"two"}', b'{"a":"three"}'])
+    records = list(sealed.records())
+    text = orjson.loads(records[1].value or b"")["a"]
+    raw = bytearray(base64.b64decode(text))
+    raw[-1] ^= 1  # a flipped tag byte
+    tampered = orjson.dumps({"a": base64.b64encode(raw).decode()})
+    batch = batch_of(
+        [Record(offset_delta=i, key=r.key, value=tampered if i == 1 else r.value) for i, r in enumerate(records)]
+    )
+    clear, failures = _decrypt_with(keys, batch, Selection(), compiled=True)
+    assert clear[0] == {"a": "one"} and clear[2] == {"a": "three"}
+    assert clear[1] == orjson.loads(tampered)  # left as stored
+    assert failures == ["value.a"]
+    with pytest.raises(DecryptionFailed):
+        trio.run(decrypt_batch, Selection(fail_fetch=True), "orders", batch, keys, lambda *f: None)
+
+
+def test_records_with_encrypted_headers_or_keys_take_the_python_pass() -> None:
+    keys = Keys()
+    plan = plan_of(
+        keys,
+        kmsConfig={},
+        recordValue={"fields": [{"fieldName": "a", "keySecretId": KEY}]},
+        recordHeader={"header": "secret-.*", "payload": {"keySecretId": KEY}},
+    )
+    records = [Record(offset_delta=0, key=b"k", value=b'{"a":"x"}', headers=[("secret-1", b"hidden"), ("plain", b"p")])]
+    sealed = RecordBatch.from_bytes(trio.run(encrypt_batch, plan, "orders", batch_of(records), keys))
+    data, opened = trio.run(decrypt_batch, Selection(), "orders", sealed, keys, lambda *f: None)
+    assert data is not None and opened == 2
+    [record] = RecordBatch.from_bytes(data).records()
+    assert orjson.loads(record.value or b"") == {"a": "x"}
+    assert list(record.headers) == [("secret-1", b"hidden"), ("plain", b"p")]
