@@ -7,6 +7,13 @@ if [ ! -x .venv/bin/python ]; then
     python3 -m venv .venv
 fi
 .venv/bin/python -m pip install --quiet --upgrade pip
+# OpenSSL's headers: the encryption plugin's compiled AEADs and field passes are built against them
+# (without them the install goes on with the slower Python path).
+if [ ! -f /usr/include/openssl/evp.h ] && command -v apt-get >/dev/null; then
+    apt-get install -y -qq libssl-dev >/dev/null 2>&1 \
+        || { apt-get update -qq && apt-get install -y -qq libssl-dev >/dev/null; } \
+        || echo "bootstrap: libssl-dev not installed; encryption runs on its Python path" >&2
+fi
 .venv/bin/python -m pip install --quiet -e ".[${extras}]"
 if [ "$extras" = "test" ]; then
     # socat: the L4 relay the request-rate benchmark (and its smoke test) compares the gateway with.
