@@ -14,7 +14,7 @@ setup(
         ),
         Extension(
             "kanal_encryption.crypto._aead",
-            ["plugins/kanal_encryption/crypto/_aead.c"],
+            ["plugins/kanal_encryption/crypto/_aead.c", "plugins/kanal_encryption/crypto/json_fields.c"],
             extra_compile_args=["-O2"],
             libraries=["crypto"],
             optional=True,
