@@ -51,14 +51,12 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from kanalbench.cpu import cpu_seconds
-from kanalbench.measure import MB, Options, _py_spy, log, stack_for
+from kanalbench.measure import MB, Options, PhaseProfiler, log, stack_for
 from kanalbench.report import Report
 from kanalbench.runs import create_topic, delete_topic, run_worker
 from kanalbench.scenarios import scenario
@@ -190,44 +188,6 @@ def _counter(stack: Stack, name: str) -> float:
     return sum(value for (sample, _labels), value in stack.gateway_metrics().items() if sample == name)
 
 
-# ---------------------------------------------------------------------------------------- profiling
-
-
-class _Profiler:
-    """py-spy on the gateway for each phase, one raw file per phase and run, merged at the end."""
-
-    def __init__(self, out: Path | None, log_dir: Path) -> None:
-        self.out = out
-        self.log_dir = log_dir
-        self.files: dict[str, list[Path]] = {}
-
-    @contextmanager
-    def record(self, pid: int, phase: str) -> Iterator[None]:
-        if self.out is None:
-            yield
-            return
-        files = self.files.setdefault(phase, [])
-        raw = self.log_dir / f"py-spy-encryption-{phase}-{len(files)}.txt"
-        files.append(raw)
-        argv = [_py_spy(), "record", "--pid", str(pid), "--rate", "250", "--format", "raw", "--output", str(raw)]
-        spy = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        try:
-            yield
-        finally:
-            spy.send_signal(2)  # SIGINT: py-spy writes its output and exits
-            spy.wait(30)
-
-    def merge(self) -> None:
-        if self.out is None:
-            return
-        every: list[str] = []
-        for phase, files in self.files.items():
-            text = "".join(f.read_text() for f in files if f.exists())
-            Path(f"{self.out}.{phase}").write_text(text)
-            every.append(text)
-        self.out.write_text("".join(every))
-
-
 # ------------------------------------------------------------------------------------- direct reads
 
 
@@ -306,7 +266,7 @@ def _check_end_to_end(stack: Stack, opts: Options, mode: str) -> str:
 
 
 def _run(
-    stack: Stack, opts: Options, mode: str, encrypted: bool, report: Report | None, profiler: _Profiler
+    stack: Stack, opts: Options, mode: str, encrypted: bool, report: Report | None, profiler: PhaseProfiler
 ) -> tuple[str, int]:
     """One produce and one consume through the gateway; the log line, and the records encrypted plus
     decrypted (encrypted runs; 0 otherwise)."""
@@ -408,14 +368,14 @@ def encryption(opts: Options, name: str) -> Report:
 
 
 def _measure(opts: Options, report: Report, mode: str, config: Path, env: dict[str, str]) -> Report:
-    profiler = _Profiler(opts.py_spy, opts.log_dir)
-    # py-spy records each phase (_Profiler), not the whole gateway life as stack_for's would.
+    profiler = PhaseProfiler(opts.py_spy, opts.log_dir, "encryption")
+    # py-spy records each phase (PhaseProfiler), not the whole gateway life as stack_for's would.
     with stack_for(replace(opts, py_spy=None), config, env) as stack:
         calls0 = _counter(stack, KMS_CALLS)
         if opts.warmup:
             warm = replace(opts, records=max(1000, opts.records // 10))
-            log("  warm-up " + _run(stack, warm, mode, False, None, _Profiler(None, opts.log_dir))[0])
-            log("  warm-up " + _run(stack, warm, mode, True, None, _Profiler(None, opts.log_dir))[0])
+            log("  warm-up " + _run(stack, warm, mode, False, None, PhaseProfiler(None, opts.log_dir, "encryption"))[0])
+            log("  warm-up " + _run(stack, warm, mode, True, None, PhaseProfiler(None, opts.log_dir, "encryption"))[0])
         calls1 = _counter(stack, KMS_CALLS)
         records = 0
         for i in range(opts.repeats):

@@ -92,6 +92,44 @@ def _py_spy() -> str:
     return str(beside) if beside.exists() else "py-spy"
 
 
+class PhaseProfiler:
+    """py-spy on the gateway for each phase of a scenario (or each gateway process it starts), one
+    raw file per phase and run in ``log_dir``, merged at the end into ``out`` (all phases) and
+    ``out.<phase>``. Does nothing when ``out`` is None."""
+
+    def __init__(self, out: Path | None, log_dir: Path, scenario: str) -> None:
+        self.out = out
+        self.log_dir = log_dir
+        self.scenario = scenario
+        self.files: dict[str, list[Path]] = {}
+
+    @contextmanager
+    def record(self, pid: int, phase: str) -> Iterator[None]:
+        if self.out is None:
+            yield
+            return
+        files = self.files.setdefault(phase, [])
+        raw = self.log_dir / f"py-spy-{self.scenario}-{phase}-{len(files)}.txt"
+        files.append(raw)
+        argv = [_py_spy(), "record", "--pid", str(pid), "--rate", "250", "--format", "raw", "--output", str(raw)]
+        spy = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            yield
+        finally:
+            spy.send_signal(2)  # SIGINT: py-spy writes its output and exits
+            spy.wait(30)
+
+    def merge(self) -> None:
+        if self.out is None:
+            return
+        every: list[str] = []
+        for phase, files in self.files.items():
+            text = "".join(f.read_text() for f in files if f.exists())
+            Path(f"{self.out}.{phase}").write_text(text)
+            every.append(text)
+        self.out.write_text("".join(every))
+
+
 def _cpu(stack: Stack) -> dict[str, float]:
     return {name: cpu_seconds(pid) for name, pid in stack.pids().items()}
 

@@ -40,16 +40,14 @@ from __future__ import annotations
 
 import base64
 import os
-import subprocess
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import replace
-from pathlib import Path
 from typing import Any
 
 from kanal.embedded.admin_http import AdminHttp
 from kanalbench.cpu import cpu_seconds
-from kanalbench.measure import MB, Options, _py_spy, log, stack_for
+from kanalbench.measure import MB, Options, PhaseProfiler, log, stack_for
 from kanalbench.report import Report
 from kanalbench.runs import create_topic, delete_topic, run_worker
 from kanalbench.scenarios import scenario
@@ -183,41 +181,6 @@ def _check_clean(admin: AdminHttp) -> None:
             raise RuntimeError(f"the gateway starts with resources of a previous run: {listed}")
 
 
-class _Profiler:
-    """py-spy on each gateway process, one raw file per run, merged when the scenario ends."""
-
-    def __init__(self, out: Path | None, log_dir: Path) -> None:
-        self.out = out
-        self.log_dir = log_dir
-        self.files: dict[str, list[Path]] = {}
-
-    @contextmanager
-    def record(self, pid: int, path: str) -> Iterator[None]:
-        if self.out is None:
-            yield
-            return
-        files = self.files.setdefault(path, [])
-        raw = self.log_dir / f"py-spy-tenancy-{path}-{len(files)}.txt"
-        files.append(raw)
-        argv = [_py_spy(), "record", "--pid", str(pid), "--rate", "250", "--format", "raw", "--output", str(raw)]
-        spy = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        try:
-            yield
-        finally:
-            spy.send_signal(2)  # SIGINT: py-spy writes its output and exits
-            spy.wait(30)
-
-    def merge(self) -> None:
-        if self.out is None:
-            return
-        every: list[str] = []
-        for path, files in self.files.items():
-            text = "".join(f.read_text() for f in files if f.exists())
-            Path(f"{self.out}.{path}").write_text(text)
-            every.append(text)
-        self.out.write_text("".join(every))
-
-
 @contextmanager
 def _topic(stack: Stack, path: str, client: dict[str, Any], prefix: str, partitions: int) -> Iterator[str]:
     """A fresh topic, created and deleted by the client with its credentials on its path."""
@@ -298,7 +261,7 @@ def _throughput(stack: Stack, path: str, opts: Options, client: dict[str, Any], 
 
 
 def _run(
-    stack: Stack, path: str, opts: Options, secret: str, records: int, seconds: float, profiler: _Profiler
+    stack: Stack, path: str, opts: Options, secret: str, records: int, seconds: float, profiler: PhaseProfiler
 ) -> dict[str, float]:
     """One run on ``path``: its figures by ``"<row> <unit>"`` (gateway rows absent on the direct path)."""
     if path == "direct":
@@ -377,8 +340,8 @@ def tenancy(opts: Options, name: str) -> Report:
             report.metric(f"{metric}, {mode}", unit)
     for metric, unit, _, _ in COMPARED:
         report.metric(metric, unit)
-    profiler = _Profiler(opts.py_spy, opts.log_dir)
-    # py-spy follows each gateway process (_Profiler), not only the first one as stack_for's would.
+    profiler = PhaseProfiler(opts.py_spy, opts.log_dir, "tenancy")
+    # py-spy follows each gateway process (PhaseProfiler), not only the first one as stack_for's would.
     with stack_for(replace(opts, py_spy=None), None, None) as stack:
         if opts.warmup:
             for path in paths:
