@@ -23,7 +23,6 @@ import argparse
 import os
 import statistics
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -41,6 +40,7 @@ from kanal_encryption.crypto import (  # noqa: E402
     Sealer,
     parse,
 )
+from kanalbench.micro import rate  # noqa: E402
 
 KEY_REF = "vault-kms://vault:8200/transit/keys/orders"
 EDEK = b"vault:v1:" + b"Q" * 80
@@ -125,20 +125,6 @@ def manager_cases() -> tuple[Callable[[], object], Callable[[], object]]:
         return opener_now(kms, "orders", EDEK)
 
     return seal_hit, open_hit
-
-
-def rate(case: Callable[[], object], seconds: float) -> float:
-    """Microseconds per call of ``case`` over about ``seconds`` of CPU."""
-    n = 0
-    batch = 1000
-    start = time.process_time()
-    while True:
-        for _ in range(batch):
-            case()
-        n += batch
-        elapsed = time.process_time() - start
-        if elapsed >= seconds:
-            return elapsed / n * 1e6
 
 
 def main() -> None:

@@ -23,7 +23,6 @@ import argparse
 import datetime
 import statistics
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -31,6 +30,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT / "core") not in sys.path:
     sys.path.insert(0, str(ROOT / "core"))
 
+from kanalbench.micro import rate  # noqa: E402
 from kio.schema.errors import ErrorCode  # noqa: E402
 
 from kanal.api.context import Connection  # noqa: E402
@@ -144,20 +144,6 @@ def decoded_case() -> Callable[[], object]:
         return encode_response(to_logical(ApiKey.PRODUCE, upstream, UNCHANGED, names), 1)
 
     return one
-
-
-def rate(case: Callable[[], object], seconds: float) -> float:
-    """Microseconds per call of ``case`` over about ``seconds`` of CPU."""
-    n = 0
-    batch = 1000
-    start = time.process_time()
-    while True:
-        for _ in range(batch):
-            case()
-        n += batch
-        elapsed = time.process_time() - start
-        if elapsed >= seconds:
-            return elapsed / n * 1e6
 
 
 def main() -> None:
