@@ -52,7 +52,14 @@ from kanal_schemas import (
     prefix_ref,
 )
 
-from kanal.api import ConfigError, FamilyCheck, Hint, InterceptorConfigError
+from kanal.api import (
+    EXTERNAL_CONNECTION_PREFIX,
+    ConfigError,
+    ExternalConnection,
+    FamilyCheck,
+    InterceptorConfigError,
+    external_connections,
+)
 
 from .crypto.envelope import MAGIC, TEXT_MAGIC, EnvelopeError, parse, to_text
 from .paths import FieldPath, PathError, parse_path
@@ -507,7 +514,7 @@ class AvroSchemas:
 
 # -- registry connections ----------------------------------------------------------------------------
 
-PREFIX: Final = "GATEWAY_EXTERNAL_CONNECTION_"
+PREFIX: Final = EXTERNAL_CONNECTION_PREFIX
 PROPERTIES: Final = (
     "URL",
     "BASIC_AUTH_USERNAME",
@@ -527,27 +534,10 @@ def _normalize(name: str) -> str:
     return re.sub(r"[^A-Z0-9]", "_", name.upper())
 
 
-def _connections(env: Mapping[str, str]) -> dict[str, tuple[str | None, dict[str, tuple[str, str]]]]:
-    """name -> (TYPE, {property: (value, variable)}) of every declared external connection."""
-    out: dict[str, tuple[str | None, dict[str, tuple[str, str]]]] = {}
-    for variable, value in env.items():
-        if not variable.startswith(PREFIX):
-            continue
-        rest = variable[len(PREFIX) :]
-        if "_CONFIG_" in rest:
-            name, prop = rest.split("_CONFIG_", 1)
-            _, props = out.setdefault(name, (None, {}))
-            props[prop] = (value, variable)
-        elif rest.endswith("_TYPE"):
-            name = rest[: -len("_TYPE")]
-            out[name] = (value, out.get(name, (None, {}))[1])
-    return out
-
-
-def _is_registry(kind: str | None, props: Mapping[str, Any]) -> bool:
-    if kind is not None:
-        return kind.strip().upper().replace("-", "_") == _REGISTRY_TYPE
-    return "URL" in props and set(props) <= set(PROPERTIES)
+def _is_registry(connection: ExternalConnection) -> bool:
+    if connection.type is not None:
+        return connection.type[0].strip().upper().replace("-", "_") == _REGISTRY_TYPE
+    return "URL" in connection.props and set(connection.props) <= set(PROPERTIES)
 
 
 def check_registry_connections(env: Mapping[str, str]) -> FamilyCheck:
@@ -555,15 +545,11 @@ def check_registry_connections(env: Mapping[str, str]) -> FamilyCheck:
     encryption interceptors name in ``schemaRegistryConnectionName``): they are read, so a gateway
     without the topic views plugin accepts them; one that cannot work stops the gateway."""
     read: list[str] = []
-    hints: dict[str, Hint] = {}
-    for name, (kind, props) in _connections(env).items():
-        if not _is_registry(kind, props):
-            continue
-        _settings(name, props)
-        read.extend(variable for _, variable in props.values())
-        if kind is not None:
-            read.append(f"{PREFIX}{name}_TYPE")
-    return FamilyCheck(read=read, hints=hints)
+    for name, connection in external_connections(env)[0].items():
+        if _is_registry(connection):
+            _settings(name, connection.props)
+            read.extend(connection.variables)
+    return FamilyCheck(read=read)
 
 
 def _settings(name: str, props: Mapping[str, tuple[str, str]]) -> dict[str, Any]:
@@ -610,16 +596,16 @@ def registry_client(env: Mapping[str, str], connection: str | None, inline: Any 
     if connection is not None and inline is not None:
         raise InterceptorConfigError("set schemaRegistryConnectionName or schemaRegistryConfig, not both")
     if connection is not None:
-        declared = {_normalize(n): (n, kind, props) for n, (kind, props) in _connections(env).items()}
+        declared = {_normalize(n): c for n, c in external_connections(env)[0].items()}
         found = declared.get(_normalize(connection))
-        if found is None or not _is_registry(found[1], found[2]):
-            names = sorted(n for n, k, p in declared.values() if _is_registry(k, p))
+        if found is None or not _is_registry(found):
+            names = sorted(c.name for c in declared.values() if _is_registry(c))
             raise InterceptorConfigError(
                 f"schemaRegistryConnectionName: no schema registry external connection {connection!r} "
                 f"(declared: {', '.join(names) or 'none'}; GATEWAY_EXTERNAL_CONNECTION_<NAME>_CONFIG_URL declares one)"
             )
         try:
-            settings = _settings(found[0], found[2])
+            settings = _settings(found.name, found.props)
         except ConfigError as exc:
             raise InterceptorConfigError(f"schemaRegistryConnectionName: {exc}") from None
     elif inline is not None:

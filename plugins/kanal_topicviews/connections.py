@@ -53,13 +53,20 @@ import ssl
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from difflib import get_close_matches
 from typing import Any, Final
 
 from kanal_schemas import AVRO, JSON, RegistryError, Schema, SchemaRegistryClient, TlsSettings, prefix_ref
 
-from kanal.api import ConfigError, FamilyCheck, Hint
+from kanal.api import (
+    EXTERNAL_CONNECTION_PREFIX,
+    ConfigError,
+    ExternalConnection,
+    FamilyCheck,
+    Hint,
+    external_connections,
+)
 
 __all__ = [
     "PREFIX",
@@ -74,7 +81,7 @@ __all__ = [
 
 log = logging.getLogger("kanal_topicviews")
 
-PREFIX: Final = "GATEWAY_EXTERNAL_CONNECTION_"
+PREFIX: Final = EXTERNAL_CONNECTION_PREFIX
 PROPERTIES: Final = (
     "URL",
     "BASIC_AUTH_USERNAME",
@@ -138,39 +145,13 @@ class RegistryConnection:
         )
 
 
-@dataclass
-class _Declared:
-    """The variables of one external connection: its TYPE (value, variable) and properties."""
-
-    type: tuple[str, str] | None = None
-    props: dict[str, tuple[str, str]] = field(default_factory=dict)
-
-    def is_registry(self) -> bool | None:
-        """True: a schema registry connection (TYPE=SCHEMA_REGISTRY, or no TYPE, a URL and only
-        registry properties). False: another TYPE. None: no TYPE and not a registry's properties
-        (another plugin's connection, or a registry with a misspelt property)."""
-        if self.type is not None:
-            return self.type[0].strip().upper().replace("-", "_") == SCHEMA_REGISTRY
-        return True if "URL" in self.props and set(self.props) <= set(PROPERTIES) else None
-
-
-def _declared(env: Mapping[str, str]) -> tuple[dict[str, _Declared], list[str]]:
-    """The connections of ``env`` by name (as written), and the family's variables of neither form
-    (``<NAME>_TYPE``, ``<NAME>_CONFIG_<PROPERTY>``)."""
-    declared: dict[str, _Declared] = {}
-    malformed = []
-    for variable, value in env.items():
-        if not variable.startswith(PREFIX):
-            continue
-        rest = variable[len(PREFIX) :]
-        if "_CONFIG_" in rest:
-            name, prop = rest.split("_CONFIG_", 1)
-            declared.setdefault(name, _Declared()).props[prop] = (value, variable)
-        elif rest.endswith("_TYPE"):
-            declared.setdefault(rest[: -len("_TYPE")], _Declared()).type = (value, variable)
-        else:
-            malformed.append(variable)
-    return declared, malformed
+def _is_registry(connection: ExternalConnection) -> bool | None:
+    """True: a schema registry connection (TYPE=SCHEMA_REGISTRY, or no TYPE, a URL and only
+    registry properties). False: another TYPE. None: no TYPE and not a registry's properties
+    (another plugin's connection, or a registry with a misspelt property)."""
+    if connection.type is not None:
+        return connection.type[0].strip().upper().replace("-", "_") == SCHEMA_REGISTRY
+    return True if "URL" in connection.props and set(connection.props) <= set(PROPERTIES) else None
 
 
 def check_connections(env: Mapping[str, str]) -> FamilyCheck:
@@ -179,14 +160,13 @@ def check_connections(env: Mapping[str, str]) -> FamilyCheck:
     work) and read; the other connections may be another plugin's, so they only get hints (the type
     and properties a registry has), and the gateway refuses them if no plugin reads them."""
     parse_connections(env)
-    declared, malformed = _declared(env)
+    declared, malformed = external_connections(env)
     read: list[str] = []
     hints: dict[str, Hint] = {}
     for name, connection in declared.items():
-        registry = connection.is_registry()
-        variables = [variable for _, variable in connection.props.values()]
+        registry = _is_registry(connection)
         if registry:
-            read.extend(variables + ([connection.type[1]] if connection.type else []))
+            read.extend(connection.variables)
         elif registry is False and connection.type is not None:
             hints[connection.type[1]] = Hint(values=(SCHEMA_REGISTRY,), what="external connection type")
         else:
@@ -209,11 +189,11 @@ def parse_connections(
     the variable) for a schema registry connection that cannot work. Connections left to other
     plugins (another TYPE, or no TYPE and properties a registry does not have) go to ``others``
     (name -> their properties)."""
-    declared, _ = _declared(env)
+    declared, _ = external_connections(env)
     out: dict[str, RegistryConnection] = {}
     for name in sorted(declared):
         props = declared[name].props
-        if not declared[name].is_registry():
+        if not _is_registry(declared[name]):
             if others is not None:  # another plugin's connection
                 others[normalize(name)] = sorted(props)
             continue

@@ -4,7 +4,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from kanal.api import FamilyCheck, Hint, SettingsFamily, hookimpl
+from kanal.api import FamilyCheck, Hint, SettingsFamily, external_connections, hookimpl
 from kanal.api.errors import ConfigError
 from kanal.api.placeholders import expand_placeholders as expand
 from kanal.config.loader import load_settings
@@ -327,3 +327,24 @@ def test_sasl_ssl_needs_the_listener_certificate() -> None:
     with pytest.raises(ConfigError) as info:
         build_settings({"GATEWAY_SECURITY_PROTOCOL": "SASL_SSL", "GATEWAY_USER_POOL_SECRET_KEY": KEY})
     assert info.value.key == "GATEWAY_SSL_CERTIFICATE_LOCATION"
+
+
+def test_external_connections_reads_each_connection_and_names_the_malformed() -> None:
+    env = {
+        "GATEWAY_EXTERNAL_CONNECTION_MY_VAULT_TYPE": "VAULT",
+        "GATEWAY_EXTERNAL_CONNECTION_MY_VAULT_CONFIG_URI": "http://vault:8200",
+        "GATEWAY_EXTERNAL_CONNECTION_MY_VAULT_CONFIG_TOKEN": "t",
+        "GATEWAY_EXTERNAL_CONNECTION_REG_CONFIG_URL": "http://registry:8081",
+        "GATEWAY_EXTERNAL_CONNECTION_ODD": "x",
+        "GATEWAY_OTHER": "y",
+    }
+    connections, malformed = external_connections(env)
+    assert set(connections) == {"MY_VAULT", "REG"}
+    vault = connections["MY_VAULT"]
+    assert vault.type == ("VAULT", "GATEWAY_EXTERNAL_CONNECTION_MY_VAULT_TYPE")
+    assert vault.props["URI"] == ("http://vault:8200", "GATEWAY_EXTERNAL_CONNECTION_MY_VAULT_CONFIG_URI")
+    assert sorted(vault.variables) == sorted(k for k in env if "MY_VAULT" in k)
+    assert connections["REG"].type is None and connections["REG"].variables == [
+        "GATEWAY_EXTERNAL_CONNECTION_REG_CONFIG_URL"
+    ]
+    assert malformed == ["GATEWAY_EXTERNAL_CONNECTION_ODD"]

@@ -29,7 +29,7 @@ from kio.schema.create_topics.v4 import request as create_topics_v4
 from kio.schema.create_topics.v7 import request as create_topics_v7
 from kio.static.primitive import i16, i32
 
-from kanal.api import hookspecs
+from kanal.api import ConfigError, hookspecs
 from kanal.api.context import Connection
 from kanal.api.interceptor import InterceptorConfigError, InterceptorSpec
 from kanal.api.results import PartitionError
@@ -159,6 +159,27 @@ def exchange(policy: ModuleType, request: Any, limit: int = 12) -> Exchange:
 
 
 OK: Any = object()  # stands for the broker's answer: a test that sees it knows the request went upstream
+
+
+def test_settings_family_example_reads_its_connections_and_hints_the_others() -> None:
+    vault = load_example("vault-settings")
+    [family] = vault.kanal_settings()
+    assert family.prefix == "GATEWAY_EXTERNAL_CONNECTION_"
+    env = {
+        "GATEWAY_EXTERNAL_CONNECTION_KEYS_TYPE": "VAULT",
+        "GATEWAY_EXTERNAL_CONNECTION_KEYS_CONFIG_URI": "http://vault:8200",
+        "GATEWAY_EXTERNAL_CONNECTION_REG_TYPE": "SCHEMA_REGISTRY",
+        "GATEWAY_EXTERNAL_CONNECTION_REG_CONFIG_URL": "http://registry:8081",
+    }
+    checked = family.check(env)
+    assert sorted(checked.read) == [
+        "GATEWAY_EXTERNAL_CONNECTION_KEYS_CONFIG_URI",
+        "GATEWAY_EXTERNAL_CONNECTION_KEYS_TYPE",
+    ]
+    assert set(checked.hints) == {"GATEWAY_EXTERNAL_CONNECTION_REG_TYPE"}
+    with pytest.raises(ConfigError, match="unknown vault connection property TOKN") as error:
+        family.check({**env, "GATEWAY_EXTERNAL_CONNECTION_KEYS_CONFIG_TOKN": "t"})
+    assert error.value.key == "GATEWAY_EXTERNAL_CONNECTION_KEYS_CONFIG_TOKN"
 
 
 @pytest.mark.parametrize("version", [4, 7])

@@ -61,7 +61,14 @@ from kanal.api.services import (
     StateLog,
     TopicNames,
 )
-from kanal.api.settings import FamilyCheck, Hint, SettingsFamily
+from kanal.api.settings import (
+    EXTERNAL_CONNECTION_PREFIX,
+    ExternalConnection,
+    FamilyCheck,
+    Hint,
+    SettingsFamily,
+    external_connections,
+)
 from kanal.protocol.acl_codes import Operation as AclOperation
 from kanal.protocol.acl_codes import ResourceType as AclResourceType
 from kanal.protocol.api import ApiKey, api_name, require_request_class, response_class
@@ -91,6 +98,7 @@ from kanal.protocol.records import (
 
 __all__ = [
     "API_VERSION",
+    "EXTERNAL_CONNECTION_PREFIX",
     "GZIP",
     "LZ4",
     "NONE",
@@ -111,6 +119,7 @@ __all__ = [
     "Connection",
     "CorruptRecordError",
     "ErrorCode",
+    "ExternalConnection",
     "FamilyCheck",
     "GatewayAcls",
     "GatewayServices",
@@ -160,6 +169,7 @@ __all__ = [
     "encode_varint",
     "envelope",
     "expand_placeholders",
+    "external_connections",
     "has_field",
     "hookimpl",
     "invalid",

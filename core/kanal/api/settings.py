@@ -51,3 +51,43 @@ class SettingsFamily:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "prefix", self.prefix.upper().removesuffix("*"))
+
+
+#: The family of external connections (``GATEWAY_EXTERNAL_CONNECTION_<NAME>_TYPE`` and
+#: ``..._<NAME>_CONFIG_<PROPERTY>``), which several plugins read (each its connection types).
+EXTERNAL_CONNECTION_PREFIX = "GATEWAY_EXTERNAL_CONNECTION_"
+
+
+@dataclass
+class ExternalConnection:
+    """One external connection as its variables declare it: ``type`` and each property as
+    ``(value, variable)``, so a plugin's error can name the variable it comes from."""
+
+    name: str
+    type: tuple[str, str] | None = None
+    props: dict[str, tuple[str, str]] = field(default_factory=dict)
+
+    @property
+    def variables(self) -> list[str]:
+        """Every variable of the connection (its properties', then its type's)."""
+        return [variable for _, variable in self.props.values()] + ([self.type[1]] if self.type else [])
+
+
+def external_connections(env: Mapping[str, str]) -> tuple[dict[str, ExternalConnection], list[str]]:
+    """The external connections declared in ``env``, by name as written, and the variables of the
+    family that have neither form (``<NAME>_TYPE``, ``<NAME>_CONFIG_<PROPERTY>``)."""
+    declared: dict[str, ExternalConnection] = {}
+    malformed = []
+    for variable, value in env.items():
+        if not variable.startswith(EXTERNAL_CONNECTION_PREFIX):
+            continue
+        rest = variable[len(EXTERNAL_CONNECTION_PREFIX) :]
+        if "_CONFIG_" in rest:
+            name, prop = rest.split("_CONFIG_", 1)
+            declared.setdefault(name, ExternalConnection(name)).props[prop] = (value, variable)
+        elif rest.endswith("_TYPE"):
+            name = rest[: -len("_TYPE")]
+            declared.setdefault(name, ExternalConnection(name)).type = (value, variable)
+        else:
+            malformed.append(variable)
+    return declared, malformed

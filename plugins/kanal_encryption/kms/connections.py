@@ -24,7 +24,15 @@ from dataclasses import dataclass, field
 from difflib import get_close_matches
 from typing import Final
 
-from kanal.api import ConfigError, FamilyCheck, Hint, expand_placeholders
+from kanal.api import (
+    EXTERNAL_CONNECTION_PREFIX,
+    ConfigError,
+    ExternalConnection,
+    FamilyCheck,
+    Hint,
+    expand_placeholders,
+    external_connections,
+)
 from kanal_encryption.kms.aws import AwsSettings
 from kanal_encryption.kms.azure import DEFAULT_AUTHORITY, AzureSettings
 from kanal_encryption.kms.factory import KmsClient, KmsSettings, build
@@ -43,7 +51,7 @@ __all__ = [
     "parse_kms_connections",
 ]
 
-PREFIX: Final = "GATEWAY_EXTERNAL_CONNECTION_"
+PREFIX: Final = EXTERNAL_CONNECTION_PREFIX
 VAULT: Final = "VAULT"
 AWS_KMS: Final = "AWS_KMS"
 AZURE_KEY_VAULT: Final = "AZURE_KEY_VAULT"
@@ -136,42 +144,18 @@ class KmsConnection:
         return build(self.kind, self.settings)
 
 
-@dataclass
-class _Declared:
-    """The variables of one connection: TYPE (value, variable) and properties (value, variable)."""
-
-    type: tuple[str, str] | None = None
-    props: dict[str, tuple[str, str]] = field(default_factory=dict)
-
-    def kms_type(self) -> str | None:
-        """Its KMS type, or None when it is not (clearly) a KMS connection."""
-        if self.type is not None:
-            declared = _type_of(self.type[0])
-            return declared if declared in TYPES else None
-        names = set(self.props)
-        if "URL" in names:  # a schema registry's
-            return None
-        matches = [
-            t for t in TYPES if names & _SIGNATURE[t] and names <= {*PROPERTIES[t], *(RENAMED if t == VAULT else ())}
-        ]
-        return matches[0] if len(matches) == 1 else None
-
-
-def _declared(env: Mapping[str, str]) -> tuple[dict[str, _Declared], list[str]]:
-    declared: dict[str, _Declared] = {}
-    malformed = []
-    for variable, value in env.items():
-        if not variable.startswith(PREFIX):
-            continue
-        rest = variable[len(PREFIX) :]
-        if "_CONFIG_" in rest:
-            name, prop = rest.split("_CONFIG_", 1)
-            declared.setdefault(name, _Declared()).props[prop] = (value, variable)
-        elif rest.endswith("_TYPE"):
-            declared.setdefault(rest[: -len("_TYPE")], _Declared()).type = (value, variable)
-        else:
-            malformed.append(variable)
-    return declared, malformed
+def _kms_type(connection: ExternalConnection) -> str | None:
+    """A connection's KMS type, or None when it is not (clearly) a KMS connection."""
+    if connection.type is not None:
+        declared = _type_of(connection.type[0])
+        return declared if declared in TYPES else None
+    names = set(connection.props)
+    if "URL" in names:  # a schema registry's
+        return None
+    matches = [
+        t for t in TYPES if names & _SIGNATURE[t] and names <= {*PROPERTIES[t], *(RENAMED if t == VAULT else ())}
+    ]
+    return matches[0] if len(matches) == 1 else None
 
 
 def check_kms_connections(env: Mapping[str, str]) -> FamilyCheck:
@@ -179,16 +163,13 @@ def check_kms_connections(env: Mapping[str, str]) -> FamilyCheck:
     family: KMS connections are parsed (ConfigError naming the variable) and read; the others may be
     another plugin's, so they only get hints (the KMS types and properties)."""
     parse_kms_connections(env)
-    declared, malformed = _declared(env)
+    declared, malformed = external_connections(env)
     every = sorted({p for props in PROPERTIES.values() for p in props})
     read: list[str] = []
     hints: dict[str, Hint] = {}
     for name, connection in declared.items():
-        kind = connection.kms_type()
-        if kind is not None:
-            read.extend(variable for _, variable in connection.props.values())
-            if connection.type is not None:
-                read.append(connection.type[1])
+        if _kms_type(connection) is not None:
+            read.extend(connection.variables)
             continue
         if connection.type is not None:
             hints[connection.type[1]] = Hint(values=TYPES, what="external connection type")
@@ -206,7 +187,7 @@ def check_kms_connections(env: Mapping[str, str]) -> FamilyCheck:
 class _Props:
     """The expanded properties of one connection, read one by one with errors naming the variable."""
 
-    def __init__(self, name: str, kind: str, declared: _Declared, env: Mapping[str, str]) -> None:
+    def __init__(self, name: str, kind: str, declared: ExternalConnection, env: Mapping[str, str]) -> None:
         self.name, self.kind = name, kind
         self.values: dict[str, str] = {}
         for prop, (value, variable) in declared.props.items():
@@ -387,11 +368,11 @@ def parse_kms_connections(env: Mapping[str, str], environ: Mapping[str, str] | N
     """The KMS connections declared in ``env``, by normalized name; ConfigError (naming the variable)
     for one that cannot work. Placeholders in values are resolved with ``environ`` (default: the
     process environment and ``env``: the family check sees only the family's variables)."""
-    declared, _ = _declared(env)
+    declared, _ = external_connections(env)
     lookup: Mapping[str, str] = {**os.environ, **env} if environ is None else environ
     out: dict[str, KmsConnection] = {}
     for name in sorted(declared):
-        kind = declared[name].kms_type()
+        kind = _kms_type(declared[name])
         if kind is None:
             continue
         props = _Props(name, kind, declared[name], lookup)
