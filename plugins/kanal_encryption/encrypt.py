@@ -40,6 +40,10 @@ class AlreadyEncrypted(EncryptionFailed):
     """A part is already an envelope and the policy is ``fail_on_encrypted``."""
 
 
+#: The sealers of a batch: by (target, key id), and for templated targets by (target, record start).
+Sealers = dict[tuple[Target, str | int], Sealer]
+
+
 class KeySource(Protocol):
     def sealer_now(self, target: Target, key_id: str, records: int) -> Sealer | None: ...
 
@@ -93,12 +97,12 @@ async def encrypt_batch(
         sealers = await _sealers(plan, topic, area, spans, keys, avro)
         payload = plan.value_payload
         if plan.splice:
-            _splice(plan, topic, topic_b, area, spans, sealers, out, avro)
+            _splice(plan, topic_b, area, spans, sealers, out, avro)
         elif plan.value_only and payload is not None and payload.template.constant is not None:
             _values(plan, topic_b, area, spans, sealers[(payload, payload.template.constant)], out)
         else:
             for span in spans:
-                _record(plan, topic, topic_b, area, span, sealers, out, avro)
+                _record(plan, topic_b, area, span, sealers, out, avro)
     except TemplateError as exc:
         raise EncryptionFailed(f"a key id cannot be made for a record: {exc}") from None
     return batch.with_records(out, count)
@@ -120,9 +124,11 @@ async def _schemas(plan: Plan, area: bytes, spans: Sequence[RecordSpan], avro: A
 
 async def _sealers(
     plan: Plan, topic: str, area: bytes, spans: Sequence[RecordSpan], keys: KeySource, avro: AvroSchemas | None = None
-) -> dict[tuple[Target, str], Sealer]:
-    """A sealer per (target, key id) the batch needs, each reserving as many seals as records."""
+) -> Sealers:
+    """A sealer per (target, key id) the batch needs, each reserving as many seals as records; for
+    a templated target also per (target, record start), so its template is rendered once."""
     wanted: dict[tuple[Target, str], int] = {}
+    rendered: list[tuple[Target, int, str]] = []
     for target in plan.targets:
         constant = target.template.constant
         if constant is not None:
@@ -131,10 +137,13 @@ async def _sealers(
         for span in spans:
             key_id = target.template.render(_view(topic, area, span, target, avro))
             wanted[(target, key_id)] = wanted.get((target, key_id), 0) + 1
-    sealers = {}
+            rendered.append((target, span[0], key_id))
+    sealers: Sealers = {}
     for (target, key_id), records in wanted.items():
         sealer = keys.sealer_now(target, key_id, records)
         sealers[(target, key_id)] = sealer if sealer is not None else await keys.sealer(target, key_id, records)
+    for target, start, key_id in rendered:
+        sealers[(target, start)] = sealers[(target, key_id)]
     return sealers
 
 
@@ -197,11 +206,10 @@ def _spliceable(plan: Plan) -> bool:
 
 def _splice(
     plan: Plan,
-    topic: str,
     topic_b: bytes,
     area: bytes,
     spans: Sequence[RecordSpan],
-    sealers: dict[tuple[Target, str], Sealer],
+    sealers: Sealers,
     out: bytearray,
     avro: AvroSchemas | None,
 ) -> None:
@@ -218,18 +226,17 @@ def _splice(
         if value is None:
             out += area[span[0] : span[2]]
         elif value is ...:
-            _record(plan, topic, topic_b, area, span, sealers, out, avro)
+            _record(plan, topic_b, area, span, sealers, out, avro)
         else:
             write_record(out, area, span, value)
 
 
 def _record(
     plan: Plan,
-    topic: str,
     topic_b: bytes,
     area: bytes,
     span: RecordSpan,
-    sealers: dict[tuple[Target, str], Sealer],
+    sealers: Sealers,
     out: bytearray,
     avro: AvroSchemas | None = None,
 ) -> None:
@@ -239,21 +246,19 @@ def _record(
     added: list[tuple[bytes, bytes]] = []  # envelopes of Avro fields carried in headers
     new_key: Any = SAME
     if key is not None and (plan.key_payload is not None or plan.key_fields):
-        stored = _part(
-            plan, topic, topic_b, area, span, key, None, plan.key_payload, plan.key_fields, sealers, avro, added
-        )
+        stored = _part(plan, topic_b, area, span, key, None, plan.key_payload, plan.key_fields, sealers, avro, added)
         if stored is not None:
             new_key = key = stored
     new_value: Any = SAME
     if value is not None and (plan.value_payload is not None or plan.value_fields):
         stored = _part(
-            plan, topic, topic_b, area, span, value, key, plan.value_payload, plan.value_fields, sealers, avro, added
+            plan, topic_b, area, span, value, key, plan.value_payload, plan.value_fields, sealers, avro, added
         )
         if stored is not None:
             new_value = stored
     headers: Any = SAME
     if plan.header_payload is not None or plan.header_fields:
-        headers = _headers(plan, topic, topic_b, area, span, key, sealers, avro)
+        headers = _headers(plan, topic_b, area, span, key, sealers)
     if added:
         kept = record_headers(area, span[9], span[2]) if headers is SAME else headers
         names = {name for name, _ in added}
@@ -263,22 +268,13 @@ def _record(
     write_changed(out, area, span, new_key, new_value, headers)
 
 
-def _sealer(
-    target: Target,
-    topic: str,
-    area: bytes,
-    span: RecordSpan,
-    sealers: dict[tuple[Target, str], Sealer],
-    avro: AvroSchemas | None = None,
-) -> Sealer:
+def _sealer(target: Target, span: RecordSpan, sealers: Sealers) -> Sealer:
     constant = target.template.constant
-    key_id = constant if constant is not None else target.template.render(_view(topic, area, span, target, avro))
-    return sealers[(target, key_id)]
+    return sealers[(target, constant if constant is not None else span[0])]
 
 
 def _part(
     plan: Plan,
-    topic: str,
     topic_b: bytes,
     area: bytes,
     span: RecordSpan,
@@ -286,7 +282,7 @@ def _part(
     identity: bytes | None,
     payload: Target | None,
     fields: Sequence[Target],
-    sealers: dict[tuple[Target, str], Sealer],
+    sealers: Sealers,
     avro: AvroSchemas | None = None,
     added: list[tuple[bytes, bytes]] | None = None,
 ) -> bytes | None:
@@ -298,10 +294,10 @@ def _part(
                 return None
             raise AlreadyEncrypted(f"the record's {payload.part} is already encrypted")
         aad = associated_data(topic_b, payload.label, identity)
-        return _sealer(payload, topic, area, span, sealers).seal(data, aad, plan.codec)
+        return _sealer(payload, span, sealers).seal(data, aad, plan.codec)
     bound = b"\x00" if identity is None else b"\x01" + identity
     if avro is not None and data[:1] == b"\x00" and len(data) >= 5:
-        return _avro(plan, topic, topic_b, area, span, data, bound, fields, sealers, avro, added)
+        return _avro(plan, topic_b, area, span, data, bound, fields, sealers, avro, added)
     try:
         document = orjson.loads(data)
     except orjson.JSONDecodeError:
@@ -318,21 +314,20 @@ def _part(
                 continue
             raise AlreadyEncrypted(f"the field {path.text!r} is already encrypted")
         aad = _prefix(topic_b, target) + bound
-        path.set(document, _sealer(target, topic, area, span, sealers, avro).seal_text(orjson.dumps(field), aad))
+        path.set(document, _sealer(target, span, sealers).seal_text(orjson.dumps(field), aad))
         changed = True
     return orjson.dumps(document) if changed else None
 
 
 def _avro(
     plan: Plan,
-    topic: str,
     topic_b: bytes,
     area: bytes,
     span: RecordSpan,
     data: bytes,
     bound: bytes,
     fields: Sequence[Target],
-    sealers: dict[tuple[Target, str], Sealer],
+    sealers: Sealers,
     avro: AvroSchemas,
     added: list[tuple[bytes, bytes]] | None,
 ) -> bytes | None:
@@ -344,7 +339,7 @@ def _avro(
         raise EncryptionFailed(f"the record's {part} names schema id {schema_id}, which was not fetched")
 
     def seal(target: Target, clear: bytes) -> bytes:
-        return _sealer(target, topic, area, span, sealers, avro).seal(clear, _prefix(topic_b, target) + bound)
+        return _sealer(target, span, sealers).seal(clear, _prefix(topic_b, target) + bound)
 
     present: dict[bytes, bytes | None] = {}
     if span[10]:
@@ -380,14 +375,7 @@ def _prefix(topic: bytes, target: Target) -> bytes:
 
 
 def _headers(
-    plan: Plan,
-    topic: str,
-    topic_b: bytes,
-    area: bytes,
-    span: RecordSpan,
-    identity: bytes | None,
-    sealers: dict[tuple[Target, str], Sealer],
-    avro: AvroSchemas | None = None,
+    plan: Plan, topic_b: bytes, area: bytes, span: RecordSpan, identity: bytes | None, sealers: Sealers
 ) -> Any:
     """The headers with the matching ones encrypted (a list, for :func:`encode_headers`), or SAME."""
     headers = record_headers(area, span[9], span[2])
@@ -409,7 +397,7 @@ def _headers(
                 continue
             raise AlreadyEncrypted(f"the header {name.decode('utf-8', 'replace')!r} is already encrypted")
         aad = associated_data(topic_b, b"header:" + name, identity)
-        result.append((name, _sealer(target, topic, area, span, sealers, avro).seal(value, aad, 0)))
+        result.append((name, _sealer(target, span, sealers).seal(value, aad, 0)))
         changed = True
     return result if changed else SAME
 
