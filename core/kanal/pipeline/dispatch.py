@@ -303,23 +303,12 @@ class Dispatcher:
                 if part.records is None or part.error_code != 0:
                     partitions.append(part)
                     continue
-                records = RecordSet.parse(part.records)
-                rctx = RecordsContext(
-                    ctx.connection,
-                    ctx.api_key,
-                    ctx.api_version,
-                    ctx.client_id,
-                    name,
-                    int(part.partition_index),
-                    records,
+                index = int(part.partition_index)
+                new = await self._partition_records(
+                    entries, ctx.connection, ctx.api_version, ctx.client_id, name, index, part.records
                 )
-                outcome = await self.records(entries, rctx, "fetch_records", ctx.api_key)
-                if outcome is not None:
-                    # empty, not null: librdkafka reads a null record set as a broken frame and refetches
-                    part = replace(part, error_code=ErrorCode(outcome.error_code), records=b"")
-                    changed = True
-                elif records.changed():
-                    part = replace(part, records=records.to_bytes())
+                if new is not None:
+                    part = replace(part, error_code=ErrorCode(new[0]), records=new[1])
                     changed = True
                 partitions.append(part)
             topics.append(replace(topic, partitions=tuple(partitions)) if changed else topic)
@@ -342,14 +331,35 @@ class Dispatcher:
             for part in topic.partitions:
                 if part.start < 0 or part.error_code != 0:
                     continue
-                records = RecordSet.parse(frame[part.start : part.end])
-                rctx = RecordsContext(connection, ApiKey.FETCH, api_version, client_id, name, part.partition, records)
-                outcome = await self.records(entries, rctx, "fetch_records", ApiKey.FETCH)
-                if outcome is not None:  # (empty, not null: librdkafka reads a null record set as broken)
-                    edits.append(RecordsEdit(part, b"", outcome.error_code))
-                elif records.changed():
-                    edits.append(RecordsEdit(part, records.to_bytes() or b""))
+                data = bytes(frame[part.start : part.end])
+                new = await self._partition_records(
+                    entries, connection, api_version, client_id, name, part.partition, data
+                )
+                if new is not None:
+                    edits.append(RecordsEdit(part, new[1], new[0]))
         return splice_records(frame, edits) if edits else None
+
+    async def _partition_records(
+        self,
+        entries: list[Entry],
+        connection: Connection,
+        api_version: int,
+        client_id: str | None,
+        topic: str,
+        partition: int,
+        data: bytes,
+    ) -> tuple[int, bytes] | None:
+        """Runs the fetch records hooks over one partition's record set: None when it stays as it
+        is, else the partition's error code and its record set (empty, not null, when a hook failed
+        it: librdkafka reads a null record set as a broken frame and fetches again)."""
+        records = RecordSet.parse(data)
+        rctx = RecordsContext(connection, ApiKey.FETCH, api_version, client_id, topic, partition, records)
+        outcome = await self.records(entries, rctx, "fetch_records", ApiKey.FETCH)
+        if outcome is not None:
+            return outcome.error_code, b""
+        if records.changed():
+            return 0, records.to_bytes() or b""
+        return None
 
 
 def merge_partition_errors(response: Any, failures: list[PartitionFailure]) -> Any:
