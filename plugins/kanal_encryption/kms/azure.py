@@ -22,7 +22,7 @@ import trio
 
 from kanal_encryption.kms.base import KmsError
 from kanal_encryption.kms.codec import b64url, from_b64url
-from kanal_encryption.kms.http import DEFAULT_TIMEOUT_MS, KmsHttp, json_body, redact, status_error
+from kanal_encryption.kms.http import DEFAULT_TIMEOUT_MS, KmsHttp, json_body, oauth_token, redact, status_error
 
 __all__ = ["API_VERSION", "AzureKeyVaultKms", "AzureSettings"]
 
@@ -76,15 +76,8 @@ class AzureKeyVaultKms:
             response = await self._http.send("POST", url, what, data=form)
             if response.status_code != 200:
                 raise self._error(response.status_code, response, what)
-            answer = json_body(response, what)
-            token = answer.get("access_token")
-            if not isinstance(token, str):
-                raise KmsError(f"{what}: no access_token in the answer", retriable=False)
-            try:
-                lifetime = float(answer.get("expires_in") or 300)
-            except (TypeError, ValueError):
-                lifetime = 300.0
-            self._token, self._expires = token, time.monotonic() + max(lifetime - 60, lifetime / 2)
+            token, self._expires = oauth_token(response, what, 300)
+            self._token = token
             return token
 
     def _error(self, status: int, response: Any, what: str) -> KmsError:

@@ -22,7 +22,7 @@ import trio
 
 from kanal_encryption.kms.base import KmsError
 from kanal_encryption.kms.codec import b64, from_b64
-from kanal_encryption.kms.http import DEFAULT_TIMEOUT_MS, KmsHttp, json_body, redact, status_error
+from kanal_encryption.kms.http import DEFAULT_TIMEOUT_MS, KmsHttp, json_body, oauth_token, redact, status_error
 
 __all__ = ["DEFAULT_ENDPOINT", "GcpKms", "GcpSettings", "ServiceAccount", "read_service_account"]
 
@@ -126,15 +126,8 @@ class GcpKms:
             response = await self._http.send("POST", account.token_uri, what, data=form)
             if response.status_code != 200:
                 raise self._error(response, what)
-            answer = json_body(response, what)
-            token = answer.get("access_token")
-            if not isinstance(token, str):
-                raise KmsError(f"{what}: no access_token in the answer", retriable=False)
-            try:
-                lifetime = float(answer.get("expires_in") or 3600)
-            except (TypeError, ValueError):
-                lifetime = 3600.0
-            self._token, self._expires = token, time.monotonic() + max(lifetime - 60, lifetime / 2)
+            token, self._expires = oauth_token(response, what, 3600)
+            self._token = token
             return token
 
     def _error(self, response: Any, what: str) -> KmsError:

@@ -9,6 +9,7 @@ kept short and scrubbed of every credential the client holds.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable, Mapping
 from typing import Any, Final
 from urllib.parse import urlsplit
@@ -52,6 +53,20 @@ def json_body(response: httpx.Response, what: str) -> dict[str, Any]:
     if not isinstance(body, dict):
         raise KmsError(f"{what}: the KMS answered HTTP {response.status_code} without a JSON object", retriable=False)
     return body
+
+
+def oauth_token(response: httpx.Response, what: str, default_lifetime: float) -> tuple[str, float]:
+    """The access token of an OAuth2 token endpoint's answer (RFC 6749 5.1) and when to fetch a new
+    one (``time.monotonic()`` based: a minute before it expires, or halfway for short ones)."""
+    answer = json_body(response, what)
+    token = answer.get("access_token")
+    if not isinstance(token, str):
+        raise KmsError(f"{what}: no access_token in the answer", retriable=False)
+    try:
+        lifetime = float(answer.get("expires_in") or default_lifetime)
+    except (TypeError, ValueError):
+        lifetime = default_lifetime
+    return token, time.monotonic() + max(lifetime - 60, lifetime / 2)
 
 
 class KmsHttp:
