@@ -1,0 +1,55 @@
+"""What the safeguard plugin's tests share: an in-process gateway with the plugin and its
+interceptors in front of the test broker, client settings for it and for the broker itself, and
+the SAFEGUARD audit events the gateway recorded."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import kanal_safeguards.plugin
+
+from kanal.api.interceptor import InterceptorSpec
+from kanal.audit.events import AuditQuery
+from kanal.embedded import TansuBroker
+from kanal.gateway import Gateway
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "integration"))
+from inprocess import bootstrap_of, in_gateway, inprocess_gateway
+
+__all__ = ["audit_events", "bootstrap_of", "direct", "in_gateway", "safeguards_gateway", "spec", "through"]
+
+
+def spec(name: str, plugin: str, config: Mapping[str, Any], priority: int = 10) -> InterceptorSpec:
+    """An interceptor of the plugin, as the admin API or the config file would declare it."""
+    return InterceptorSpec(name=name, plugin=plugin, priority=priority, config=dict(config))
+
+
+@contextmanager
+def safeguards_gateway(
+    tansu: TansuBroker, interceptors: Sequence[InterceptorSpec], env: Mapping[str, str] = {}
+) -> Iterator[Gateway]:
+    """A gateway (PLAINTEXT) with the safeguards plugin and these interceptors."""
+    with inprocess_gateway(tansu, {"safeguards": kanal_safeguards.plugin}, interceptors, env=env) as gateway:
+        yield gateway
+
+
+def through(gateway: Gateway, **extra: Any) -> dict[str, Any]:
+    """librdkafka settings of a client of the gateway."""
+    return {"bootstrap.servers": bootstrap_of(gateway), **extra}
+
+
+def direct(tansu: TansuBroker, **extra: Any) -> dict[str, Any]:
+    """librdkafka settings of a client of the broker itself (to check what a request did there)."""
+    return {"bootstrap.servers": tansu.bootstrap, **extra}
+
+
+def audit_events(gateway: Gateway) -> list[dict[str, Any]]:
+    """The SAFEGUARD audit events so far, oldest first (``eventData`` as the plugin wrote it)."""
+    log = gateway.audit_log
+    assert log is not None
+    events = in_gateway(gateway, log.query, AuditQuery(types=frozenset({"SAFEGUARD"}), limit=10_000))
+    return sorted(events, key=lambda e: str(e.get("time")))
