@@ -241,12 +241,14 @@ class FakeServices:
 class Exchange:
     """What one request did: ``forwarded`` is the request the broker got (None when an interceptor
     answered), ``response`` what the client got (None for acks=0), ``upstream_calls`` the requests
-    the interceptors sent themselves (``ctx.send_request``)."""
+    the interceptors sent themselves (``ctx.send_request``), ``client_id`` the client id in the
+    header of the forwarded request."""
 
     forwarded: Any
     response: Any
     failures: list[PartitionFailure] = field(default_factory=list)
     upstream_calls: list[Any] = field(default_factory=list)
+    client_id: str | None = None
 
 
 class Harness:
@@ -335,12 +337,13 @@ class Harness:
         if outcome.request is None:
             return Exchange(None, _wire_response(outcome.answer, correlation_id), outcome.failures, calls)
         forwarded = outcome.request
-        if forwarded is not request:
-            frame = encode_request(forwarded, correlation_id, client_id)
+        sent_as = ctx.client_id
+        if forwarded is not request or sent_as != client_id:
+            frame = encode_request(forwarded, correlation_id, sent_as)
             forwarded = decode_request_body(api_key, version, frame, _body_offset(frame))
         expects = api_key != ApiKey.PRODUCE or forwarded.acks != 0
         if upstream is None or not expects:
-            return Exchange(forwarded, None, outcome.failures, calls)
+            return Exchange(forwarded, None, outcome.failures, calls, sent_as)
         body = await _answer(upstream, forwarded)
         response = ResponseContext(
             self.connection,
@@ -356,8 +359,8 @@ class Harness:
         )
         result = await self.dispatcher.response(response, failures=outcome.failures)
         if result is body:  # unchanged: the gateway forwards the broker's bytes
-            return Exchange(forwarded, body, outcome.failures, calls)
-        return Exchange(forwarded, _wire_response(result, correlation_id), outcome.failures, calls)
+            return Exchange(forwarded, body, outcome.failures, calls, sent_as)
+        return Exchange(forwarded, _wire_response(result, correlation_id), outcome.failures, calls, sent_as)
 
     async def records(
         self,

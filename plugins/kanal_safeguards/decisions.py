@@ -77,9 +77,7 @@ class Decisions:
         """The client's message for what is blocked."""
         return violation_message([v.reason for v in self.of(Action.BLOCK)])
 
-    def audit(
-        self, services: GatewayServices, connection: Connection | None, plugin: str, **context: Any
-    ) -> None:
+    def audit(self, services: GatewayServices, connection: Connection | None, plugin: str, **context: Any) -> None:
         """One audit event per action taken (``context``: the topic, group... it concerns)."""
         for action in Action:
             taken = self.of(action)

@@ -40,17 +40,19 @@ class RangeRule(_Rule, kw_only=True):
     def __post_init__(self) -> None:
         self._check_override(self.override_value)
         if self.min is not None and self.max is not None and self.min > self.max:
-            raise ValueError(f"min ({self.min:g}) is greater than max ({self.max:g})")
+            raise ValueError(f"min ({_number(self.min)}) is greater than max ({_number(self.max)})")
 
     def check(self, name: str, value: float | None) -> Violation | None:
         """``name`` is how the reason calls the value (``numPartition``, ``retention.ms``)."""
         if value is None:
             return None
         if self.min is not None and value < self.min:
-            return Violation(f"{name} is '{value:g}', must not be less than '{self.min:g}'", self.action, name, value, self._override())
-        if self.max is not None and value > self.max:
-            return Violation(f"{name} is '{value:g}', must not be greater than '{self.max:g}'", self.action, name, value, self._override())
-        return None
+            reason = f"{name} is '{_number(value)}', must not be less than '{_number(self.min)}'"
+        elif self.max is not None and value > self.max:
+            reason = f"{name} is '{_number(value)}', must not be greater than '{_number(self.max)}'"
+        else:
+            return None
+        return Violation(reason, self.action, name, value, self._override())
 
     def _override(self) -> Any:
         value = self.override_value
@@ -99,7 +101,13 @@ class ValuesRule(_Rule, kw_only=True):
         if value is None or _fold(value) in self._allowed:
             return None
         allowed = ", ".join(str(v) for v in self.values)
-        return Violation(f"{name} is '{value}', must be one of [{allowed}]", self.action, name, value, self.override_value)
+        reason = f"{name} is '{value}', must be one of [{allowed}]"
+        return Violation(reason, self.action, name, value, self.override_value)
+
+
+def _number(value: float) -> str:
+    """A number as operators write it: whole ones in full (``3600000``, not ``3.6e+06``)."""
+    return str(int(value)) if value == int(value) else repr(value)
 
 
 def _fold(value: Any) -> Any:

@@ -58,7 +58,8 @@ async def _no_sender(request: Any) -> Any:
 @dataclass(slots=True, eq=False)
 class RequestContext:
     """A decoded request on its way upstream. Hooks may replace ``request`` (kio messages are
-    frozen: use ``dataclasses.replace``); the core re-encodes it only if it changed."""
+    frozen: use ``dataclasses.replace``) and ``client_id`` (the request header's: the request goes
+    upstream with it); the core re-encodes the request only if either changed."""
 
     connection: Connection
     api_key: int

@@ -804,7 +804,8 @@ class ClientConnection:
                 pending.local = encode_response(outcome.answer, header.correlation_id)
                 self.fill(await self._owe(pending), pending.local)
             return
-        out = frame if outcome.request is original else encode_request(outcome.request, 0, header.client_id)
+        unchanged = outcome.request is original and ctx.client_id == header.client_id
+        out = frame if unchanged else encode_request(outcome.request, 0, ctx.client_id)
         pending.request = outcome.request
         if api_key in _SASL_APIS:
             self._relays_identity = True
