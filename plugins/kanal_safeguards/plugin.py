@@ -5,11 +5,20 @@ from __future__ import annotations
 
 from kanal.api import Interceptor, hookimpl
 
-from . import groups, records_policies, topics
+from . import cache, chaos, groups, large_messages, rate_limits, records_policies, topics, usage
 
 __all__ = ["kanal_interceptor_types"]
 
 
 @hookimpl
 def kanal_interceptor_types() -> list[type[Interceptor]]:
-    return [*records_policies.INTERCEPTORS, *topics.INTERCEPTORS, *groups.INTERCEPTORS]
+    return [
+        *records_policies.INTERCEPTORS,
+        *topics.INTERCEPTORS,
+        *groups.INTERCEPTORS,
+        *rate_limits.INTERCEPTORS,
+        *cache.INTERCEPTORS,
+        *large_messages.INTERCEPTORS,
+        *usage.INTERCEPTORS,
+        *chaos.INTERCEPTORS,
+    ]
