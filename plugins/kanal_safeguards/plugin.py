@@ -6,8 +6,9 @@ from __future__ import annotations
 from kanal.api import Interceptor, hookimpl
 
 from . import cache, chaos, groups, large_messages, rate_limits, records_policies, topics, usage
+from .cache import SESSIONS_VARIABLE
 
-__all__ = ["kanal_interceptor_types"]
+__all__ = ["kanal_interceptor_types", "kanal_settings"]
 
 
 @hookimpl
@@ -22,3 +23,10 @@ def kanal_interceptor_types() -> list[type[Interceptor]]:
         *usage.INTERCEPTORS,
         *chaos.INTERCEPTORS,
     ]
+
+
+@hookimpl
+def kanal_settings() -> list[str]:
+    """The feature flag the cache refuses to run with (spec 03's known issue), so that operators
+    can set it (to false) with the plugin installed."""
+    return [SESSIONS_VARIABLE]

@@ -188,7 +188,8 @@ class Dispatcher:
             ctx._notes,
             _sender=ctx._sender,
         )
-        outcome.answer = await self.response(response, before=position, records=False)
+        # the interceptors before the one that answered see its answer as a broker's, records too
+        outcome.answer = await self.response(response, before=position)
         outcome.notes = response._notes
         return outcome
 
@@ -259,7 +260,7 @@ class Dispatcher:
         failures: list[PartitionFailure] | None = None,
     ) -> Any:
         """Runs the response hooks over ``ctx`` (innermost first; with ``before``, only those of the
-        interceptors before that position) and returns the body the client gets. Fetch records
+        interceptors before that position, records hooks included) and returns the body the client gets. Fetch records
         hooks run at their place when ``records``; the partitions produce records hooks failed
         (``failures``) join the response where the interceptor that failed them is."""
         api_key = ctx.api_key
@@ -268,6 +269,7 @@ class Dispatcher:
         entries = self.chain.responses_for(api_key)
         if before is not None:
             entries = [entry for entry in entries if entry.position < before]
+            pending = [entry for entry in pending if entry.position < before]
         for entry in entries:
             here = [f for f in failed if f.position >= entry.position]
             if here:

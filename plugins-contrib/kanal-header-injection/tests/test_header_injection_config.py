@@ -74,7 +74,9 @@ def test_good_config(config: dict[str, Any]) -> None:
 )
 def test_the_gateway_reports_the_interceptor_name_and_the_key(config: dict[str, Any], where: str) -> None:
     registry = PluginRegistry()
-    registry.register(kanal_header_injection, "header-injection")
-    spec = InterceptorSpec("add-origin", "header-injection", config=config)
-    with pytest.raises(InterceptorConfigError, match=r"interceptor 'add-origin' \(header-injection\): " + where):
+    registry.register(kanal_header_injection, "contrib-header-injection")
+    spec = InterceptorSpec("add-origin", "contrib-header-injection", config=config)
+    with pytest.raises(
+        InterceptorConfigError, match=r"interceptor 'add-origin' \(contrib-header-injection\): " + where
+    ):
         Pipeline(registry, lambda plugin: FakeServices()).configure([spec])

@@ -1,7 +1,7 @@
 """End to end: the installed plugin in a real gateway, real producers, records read back from the broker.
 
 Given a Tansu broker and ``python -m kanal run --config kanal.yaml`` in front of it, with two
-header-injection interceptors configured (one keeping existing headers, one overriding ``x-env``),
+contrib-header-injection interceptors configured (one keeping existing headers, one overriding ``x-env``),
 when confluent-kafka and kafka-python produce through the gateway, then a consumer reading the
 broker directly sees every record with the injected headers, and with the same partition, key,
 value, timestamp and other headers as sent. Records of topics the ``topics`` regexes do not
@@ -37,7 +37,7 @@ Headers = list[tuple[str, bytes | None]]
 INTERCEPTORS: list[dict[str, Any]] = [
     {
         "name": "add-origin",
-        "plugin": "header-injection",
+        "plugin": "contrib-header-injection",
         "priority": 100,
         "scope": {},
         "config": {
@@ -52,7 +52,7 @@ INTERCEPTORS: list[dict[str, Any]] = [
     },
     {
         "name": "force-env",
-        "plugin": "header-injection",
+        "plugin": "contrib-header-injection",
         "priority": 200,
         "config": {"headers": {"x-env": "prod"}, "topics": ["hi-.*"], "overrideIfExists": True},
     },
@@ -310,7 +310,13 @@ def test_topics_not_selected_are_untouched(client: str, tansu: TansuBroker, gate
 def test_bad_config_stops_the_gateway_with_the_interceptor_and_key(tansu: TansuBroker, tmp_path: Path) -> None:
     config = write_config(
         tmp_path,
-        [{"name": "add-origin", "plugin": "header-injection", "config": {"headers": {"x-client": "{{clientID}}"}}}],
+        [
+            {
+                "name": "add-origin",
+                "plugin": "contrib-header-injection",
+                "config": {"headers": {"x-client": "{{clientID}}"}},
+            }
+        ],
     )
     proc = subprocess.run(
         [sys.executable, "-m", "kanal", "run", "--config", str(config)],
@@ -321,4 +327,7 @@ def test_bad_config_stops_the_gateway_with_the_interceptor_and_key(tansu: TansuB
         cwd=os.getcwd(),
     )
     assert proc.returncode == 2, proc.stdout + proc.stderr
-    assert "interceptor 'add-origin' (header-injection): headers.x-client: unknown template variable" in proc.stderr
+    assert (
+        "interceptor 'add-origin' (contrib-header-injection): headers.x-client: unknown template variable"
+        in proc.stderr
+    )

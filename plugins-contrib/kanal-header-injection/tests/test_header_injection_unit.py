@@ -1,4 +1,4 @@
-"""Unit tests of the header-injection interceptor on record sets built with Kanal's record codec.
+"""Unit tests of the contrib-header-injection interceptor on record sets built with Kanal's record codec.
 
 Each test builds a Produce partition's records with ``kanal.api.encode_batch``, runs the hook as
 the gateway would (one call per topic-partition, on an interceptor whose config Kanal validated),
@@ -247,18 +247,20 @@ def test_two_instances_chain() -> None:
 
 def test_plugin_object_declares_the_interceptor_type() -> None:
     assert kanal_interceptor_types() == [HeaderInjection]
-    assert HeaderInjection.plugin_name == "header-injection"
+    assert HeaderInjection.plugin_name == "contrib-header-injection"
 
 
 def test_installed_entry_point_is_found_and_only_produce_is_decoded() -> None:
     """Needs the distribution installed (``pip install -e plugins-contrib/kanal-header-injection``)."""
     registry = PluginRegistry()
     registry.load_entry_points()
-    assert registry.interceptor_type("header-injection") is HeaderInjection, (
+    assert registry.interceptor_type("contrib-header-injection") is HeaderInjection, (
         "kanal-header-injection is not installed: its kanal.plugins entry point was not found"
     )
     pipeline = Pipeline(registry, lambda plugin: FakeServices())
-    pipeline.configure([InterceptorSpec("add-origin", "header-injection", config={"headers": {"x-origin": "kanal"}})])
+    pipeline.configure(
+        [InterceptorSpec("add-origin", "contrib-header-injection", config={"headers": {"x-origin": "kanal"}})]
+    )
     chain = pipeline.resolve()
     assert len(chain.produce_records) == 1
     assert chain.decode_request(ApiKey.PRODUCE)

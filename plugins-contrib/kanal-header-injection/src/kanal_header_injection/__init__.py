@@ -16,5 +16,5 @@ __version__ = "0.1.0"
 
 @hookimpl
 def kanal_interceptor_types() -> list[type[Interceptor]]:
-    """The interceptor types of this plugin: ``header-injection``."""
+    """The interceptor types of this plugin: ``contrib-header-injection``."""
     return [HeaderInjection]

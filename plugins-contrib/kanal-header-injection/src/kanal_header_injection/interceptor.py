@@ -1,4 +1,4 @@
-"""The ``header-injection`` interceptor: add configured headers to every record produced.
+"""The ``contrib-header-injection`` interceptor: add configured headers to every record produced.
 
 Config (Kanal validates it against :attr:`HeaderInjection.config_schema` before ``__init__``, which
 checks what a schema cannot: the templates and the regexes; every error names the key at fault)::
@@ -62,7 +62,7 @@ class HeaderInjectionConfig(TypedDict):
 class HeaderInjection(Interceptor):
     """Adds the configured headers to every record produced to the matching topics."""
 
-    plugin_name: ClassVar[str] = "header-injection"
+    plugin_name: ClassVar[str] = "contrib-header-injection"
     description: ClassVar[str] = "Adds configured, optionally templated headers to every record produced."
     config_schema: ClassVar[Mapping[str, Any] | None] = {
         "type": "object",
