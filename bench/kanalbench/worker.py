@@ -469,8 +469,73 @@ def clients(
     }
 
 
+def fetch_loop(bootstrap: str, topic: str, records: int, partition_bytes: int = 1_048_576) -> dict[str, Any]:
+    """Reads partition 0 of ``topic`` from offset 0 until ``records`` records with raw Fetch v12
+    requests (read_uncommitted, ``partition_bytes`` per fetch, as librdkafka's default),
+    one at a time on one connection: the time per Fetch round trip, without a client library's
+    record handling in the way. Responses are decoded (kio) to find the next offset."""
+    import datetime
+
+    from kanal.protocol.api import require_request_class
+    from kanal.protocol.entities import build, nested
+    from kanal.protocol.messages import decode_response, encode_request
+    from kanal.protocol.records import RecordSet
+
+    cls = require_request_class(1, 12)
+    topic_cls = nested(cls, "topics")
+    part_cls = nested(topic_cls, "partitions")
+    host, port = bootstrap.rsplit(":", 1)
+    sock = socket.create_connection((host, int(port)), timeout=30)
+
+    def exactly(n: int) -> bytes:
+        chunks = []
+        while n:
+            chunk = sock.recv(min(n, 1 << 20))
+            if not chunk:
+                raise ConnectionError("closed by the peer")
+            chunks.append(chunk)
+            n -= len(chunk)
+        return b"".join(chunks)
+
+    offset = count = fetches = 0
+    start = time.perf_counter()
+    try:
+        while count < records:
+            part = build(
+                part_cls, partition=0, current_leader_epoch=-1, fetch_offset=offset, partition_max_bytes=partition_bytes
+            )
+            request = build(
+                cls,
+                replica_id=-1,
+                max_wait=datetime.timedelta(milliseconds=500),  # (the data is there: answered at once)
+                min_bytes=1,
+                max_bytes=64 << 20,
+                isolation_level=0,
+                session_epoch=-1,
+                topics=(build(topic_cls, topic=topic, partitions=(part,)),),
+            )
+            fetches += 1
+            frame = encode_request(request, fetches, "kanalbench-fetch")
+            sock.sendall(struct.pack(">i", len(frame)) + frame)
+            (size,) = struct.unpack(">i", exactly(4))
+            response = decode_response(1, 12, exactly(size))
+            answer = response.responses[0].partitions[0]
+            if answer.error_code != 0:
+                raise RuntimeError(f"fetch failed: error {answer.error_code}")
+            batches = RecordSet.parse(answer.records).batches
+            if not batches:
+                raise RuntimeError(f"no records at offset {offset} after {count} of {records}")
+            count += sum(b.records_count for b in batches)
+            offset = batches[-1].base_offset + batches[-1].last_offset_delta + 1
+    finally:
+        sock.close()
+    seconds = time.perf_counter() - start
+    return {"seconds": seconds, "records": count, "fetches": fetches}
+
+
 JOBS: dict[str, Callable[..., dict[str, Any]]] = {
     "produce": produce,
+    "fetch-loop": fetch_loop,
     "consume": consume,
     "latency": latency,
     "idle": idle,

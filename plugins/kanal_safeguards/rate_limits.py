@@ -23,6 +23,7 @@ from typing import Annotated, Any, ClassVar
 
 import msgspec
 import trio
+from prometheus_client import Counter
 
 from kanal.api import (
     ApiKey,
@@ -102,6 +103,17 @@ def _max_hold(services: GatewayServices) -> float:
     return max(timeout_ms, 100) * 0.8 / 1000
 
 
+def _counted(services: GatewayServices) -> Counter:
+    """The bytes the limiters counted, by interceptor type, registered once per gateway."""
+    shared = services.shared
+    if "rate_limits.counted" not in shared:
+        shared["rate_limits.counted"] = Counter(
+            "kanal_rate_limit_bytes", "Bytes the byte-rate limiters counted", ["plugin"], registry=services.metrics
+        )
+    counter: Counter = shared["rate_limits.counted"]
+    return counter
+
+
 class _ByteRateLimit(SafeguardInterceptor):
     """What both directions share: buckets by ``limitBy``, the hold, the audit (at most one event
     per bucket per second: a throttled client sends many requests a second)."""
@@ -119,6 +131,7 @@ class _ByteRateLimit(SafeguardInterceptor):
         self.key_of = _KEYS[config.limit_by]
         self.max_hold = _max_hold(services)
         self.sleep: Callable[[float], Awaitable[Any]] = trio.sleep
+        self.counted = _counted(services).labels(self.plugin_name)
         self.use_clock()
 
     def use_clock(self, clock: Clock | None = None) -> None:
@@ -201,6 +214,7 @@ class ProducerRateLimiting(_ByteRateLimit):
         if self.enforce:
             await self.hold(key)
         debt = self.buckets.take(key, size)
+        self.counted.inc(size)
         if debt <= 0:
             return None
         self.over(connection, key, debt)
@@ -253,6 +267,7 @@ class ConsumerRateLimiting(_ByteRateLimit):
             return None
         key = self.key_of(ctx.connection)
         debt = self.buckets.take(key, size)
+        self.counted.inc(size)
         if debt > 0:
             self.over(ctx.connection, key, debt)
         return None

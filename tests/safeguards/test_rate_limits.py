@@ -271,6 +271,10 @@ def test_a_producer_below_the_limit_is_never_held_nor_throttled() -> None:
         limited.clock.now += 0.3  # 3.33 requests a second where 4 fit
     assert throttles == [0] * 40
     assert limited.holds == [] and limited.audited == []
+    counted = limited.services.metrics.get_sample_value(
+        "kanal_rate_limit_bytes_total", {"plugin": "producer-rate-limiting"}
+    )
+    assert counted == 40 * SIZE  # what the limiter counted, for operators and the rate-limit benchmark
 
 
 def test_only_topics_matching_the_regex_count() -> None:
