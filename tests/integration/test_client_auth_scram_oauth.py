@@ -442,19 +442,20 @@ def test_aiokafka_logs_in_with_a_token(node: Node, unique_topic: Callable[..., s
 
 
 @pytest.mark.parametrize(
-    "tok",
-    [
-        token(exp=int(time.time()) - 600),
-        token(nbf=int(time.time()) + 3600),
-        token(KEY_2, "k1"),  # signed by a key that is not the one the provider publishes as k1
-        token(iss="https://elsewhere.test"),
-        token(aud="another-service"),
+    "make_token",
+    [  # made when the test runs (times relative to then, not to collection)
+        lambda: token(exp=int(time.time()) - 600),
+        lambda: token(nbf=int(time.time()) + 3600),
+        lambda: token(KEY_2, "k1"),  # signed by a key that is not the one the provider publishes as k1
+        lambda: token(iss="https://elsewhere.test"),
+        lambda: token(aud="another-service"),
     ],
     ids=["expired", "not-yet-valid", "wrong-key", "wrong-issuer", "wrong-audience"],
 )
 def test_a_bad_token_is_refused_as_an_authentication_failure_and_counted(
-    node: Node, tok: str, unique_topic: Callable[..., str]
+    node: Node, make_token: Callable[[], str], unique_topic: Callable[..., str]
 ) -> None:
+    tok = make_token()
     before = node.failed("OAUTHBEARER")
     error = auth_error(oauth_config(node, tok))
     assert error.code() == KafkaError._AUTHENTICATION, error
