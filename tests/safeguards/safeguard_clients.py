@@ -5,7 +5,9 @@ the SAFEGUARD audit events the gateway recorded."""
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterator, Mapping, Sequence
+import time
+import uuid
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -20,7 +22,17 @@ from kanal.gateway import Gateway
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "integration"))
 from inprocess import bootstrap_of, in_gateway, inprocess_gateway
 
-__all__ = ["audit_events", "bootstrap_of", "direct", "in_gateway", "safeguards_gateway", "spec", "through"]
+__all__ = [
+    "audit_events",
+    "bootstrap_of",
+    "direct",
+    "in_gateway",
+    "safeguards_gateway",
+    "spec",
+    "through",
+    "unique",
+    "wait_for",
+]
 
 
 def spec(name: str, plugin: str, config: Mapping[str, Any], priority: int = 10) -> InterceptorSpec:
@@ -53,3 +65,19 @@ def audit_events(gateway: Gateway) -> list[dict[str, Any]]:
     assert log is not None
     events = in_gateway(gateway, log.query, AuditQuery(types=frozenset({"SAFEGUARD"}), limit=10_000))
     return sorted(events, key=lambda e: str(e.get("time")))
+
+
+def unique(prefix: str) -> str:
+    """A topic or group name no other test uses (the broker is shared by the session)."""
+    return f"{prefix}-{uuid.uuid4().hex[:10]}"
+
+
+def wait_for(condition: Callable[[], Any], timeout: float = 30.0, what: str = "condition") -> Any:
+    """``condition()``'s first truthy answer, polled; fails after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        answer = condition()
+        if answer:
+            return answer
+        assert time.monotonic() < deadline, f"{what}: not met within {timeout} s"
+        time.sleep(0.05)

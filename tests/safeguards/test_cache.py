@@ -10,8 +10,7 @@ from __future__ import annotations
 
 import threading
 import time
-import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import kanal_safeguards.plugin
@@ -19,7 +18,7 @@ import pytest
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 from kanal_safeguards.cache import SESSIONS_VARIABLE, Cache
-from safeguard_clients import direct, inprocess_gateway, safeguards_gateway, spec, through
+from safeguard_clients import direct, inprocess_gateway, safeguards_gateway, spec, through, unique
 
 from kanal.api import InterceptorConfigError
 from kanal.embedded import TansuBroker
@@ -30,20 +29,6 @@ from kanal.testing import FakeServices, Harness
 SMALL_FETCHES = {"fetch.max.bytes": 4000, "max.partition.fetch.bytes": 4000, "message.max.bytes": 4000}
 
 Record = tuple[int, int, bytes | None, bytes | None]  # partition, offset, key, value
-
-
-def unique(prefix: str) -> str:
-    return f"{prefix}-{uuid.uuid4().hex[:10]}"
-
-
-def wait_for(condition: Callable[[], Any], timeout: float = 30.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        answer = condition()
-        if answer:
-            return answer
-        assert time.monotonic() < deadline, "condition not met in time"
-        time.sleep(0.05)
 
 
 def create_topic(tansu: TansuBroker, topic: str, partitions: int = 1) -> None:

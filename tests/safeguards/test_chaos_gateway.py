@@ -8,14 +8,14 @@ from __future__ import annotations
 import datetime
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 from kanal_safeguards.chaos_common import INJECTIONS_METRIC
-from safeguard_clients import audit_events, bootstrap_of, direct, safeguards_gateway, spec, through
+from safeguard_clients import audit_events, bootstrap_of, direct, safeguards_gateway, spec, through, wait_for
 from wire import WireClient, metadata_request, produce_request
 
 from kanal.api import ErrorCode, build, nested, require_request_class
@@ -28,16 +28,6 @@ LEADER_ERRORS = {
     int(ErrorCode.not_leader_or_follower),
     int(ErrorCode.broker_not_available),
 }
-
-
-def wait_for(condition: Callable[[], Any], timeout: float = 30.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        result = condition()
-        if result:
-            return result
-        assert time.monotonic() < deadline, "condition not met in time"
-        time.sleep(0.05)
 
 
 @pytest.fixture

@@ -4,9 +4,6 @@ harness (decisions, overrides, audit) and through the gateway with real clients.
 from __future__ import annotations
 
 import datetime
-import time
-import uuid
-from collections.abc import Callable
 from functools import partial
 from types import SimpleNamespace
 from typing import Any
@@ -19,7 +16,7 @@ from kanal_safeguards.client_id import ClientIdPolicy, render
 from kanal_safeguards.consumer_group import ConsumerGroupPolicy
 from kanal_safeguards.decisions import PREFIX
 from kio.schema.list_groups.v4.request import ListGroupsRequest
-from safeguard_clients import audit_events, bootstrap_of, direct, safeguards_gateway, spec, through
+from safeguard_clients import audit_events, bootstrap_of, direct, safeguards_gateway, spec, through, unique, wait_for
 from wire import WireClient
 
 from kanal.api import (
@@ -36,20 +33,6 @@ from kanal.embedded import TansuBroker
 from kanal.testing import FakeServices, Harness
 
 POLICY_VIOLATION = int(ErrorCode.policy_violation)
-
-
-def wait_for(condition: Callable[[], Any], timeout: float = 30.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        result = condition()
-        if result:
-            return result
-        assert time.monotonic() < deadline, "condition not met in time"
-        time.sleep(0.05)
-
-
-def unique(prefix: str) -> str:
-    return f"{prefix}-{uuid.uuid4().hex[:10]}"
 
 
 def join_request(

@@ -10,7 +10,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -20,7 +20,7 @@ import pytest
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Message, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 from kanal_safeguards.large_messages import MARKER, Reference
-from safeguard_clients import direct, safeguards_gateway, spec, through
+from safeguard_clients import direct, safeguards_gateway, spec, through, wait_for
 
 from kanal.embedded import TansuBroker
 from kanal.gateway import Gateway
@@ -34,17 +34,6 @@ LOGGER = "kanal_safeguards.large_messages"
 PRODUCER = {"message.max.bytes": 32 * MB, "linger.ms": 0}
 #: Consumers need nothing: librdkafka takes responses up to 100 MB (``receive.message.max.bytes``).
 CONSUMER: dict[str, Any] = {}
-
-
-def wait_for(condition: Callable[[], Any], timeout: float = 30.0, what: str = "condition") -> Any:
-    """``condition()``'s first truthy answer; fails after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        answer = condition()
-        if answer:
-            return answer
-        assert time.monotonic() < deadline, f"{what}: not met within {timeout} s"
-        time.sleep(0.05)
 
 
 # -- a moto S3 server of the test's own (stopped and restarted by the failure tests)

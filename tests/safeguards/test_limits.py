@@ -7,9 +7,7 @@ counted (how many were refused or throttled), never timed.
 from __future__ import annotations
 
 import datetime
-import time
-import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import msgspec
@@ -21,7 +19,7 @@ from kanal_safeguards.base import with_throttle
 from kanal_safeguards.decisions import PREFIX
 from kanal_safeguards.limits import LimitCommitOffset, LimitCommitOffsetConfig, LimitConnection, LimitJoinGroup
 from kanal_safeguards.windows import SlidingWindow
-from safeguard_clients import audit_events, bootstrap_of, direct, safeguards_gateway, spec, through
+from safeguard_clients import audit_events, bootstrap_of, direct, safeguards_gateway, spec, through, unique, wait_for
 from wire import WireClient, api_versions_request
 
 from kanal.api import ApiKey, ErrorCode, InterceptorConfigError, build, nested, require_request_class, response_class
@@ -39,20 +37,6 @@ class Clock:
 
     def __call__(self) -> float:
         return self.now
-
-
-def wait_for(condition: Callable[[], Any], timeout: float = 20.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        result = condition()
-        if result:
-            return result
-        assert time.monotonic() < deadline, "condition not met in time"
-        time.sleep(0.05)
-
-
-def unique(prefix: str) -> str:
-    return f"{prefix}-{uuid.uuid4().hex[:10]}"
 
 
 # -- the counting window ---------------------------------------------------------------------------

@@ -16,7 +16,7 @@ import pytest
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Message, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 from kanal_safeguards.decisions import PREFIX
-from safeguard_clients import audit_events, bootstrap_of, direct, safeguards_gateway, spec, through
+from safeguard_clients import audit_events, bootstrap_of, direct, safeguards_gateway, spec, through, wait_for
 from wire import WireClient, produce_request
 
 from kanal.api import build, nested, require_request_class
@@ -29,17 +29,6 @@ Headers = list[tuple[str, bytes]]
 
 
 # -- helpers shared with the test_pf_* modules
-
-
-def wait_for(condition: Callable[[], Any], timeout: float = 20.0) -> Any:
-    """``condition()``'s first truthy answer; fails after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        answer = condition()
-        if answer:
-            return answer
-        assert time.monotonic() < deadline, "condition not met in time"
-        time.sleep(0.05)
 
 
 def create_topics(tansu: TansuBroker, *topics: str, partitions: int = 1) -> None:

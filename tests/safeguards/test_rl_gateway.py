@@ -11,28 +11,18 @@ from __future__ import annotations
 import math
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
-from safeguard_clients import audit_events, bootstrap_of, direct, safeguards_gateway, spec, through
+from safeguard_clients import audit_events, bootstrap_of, direct, safeguards_gateway, spec, through, wait_for
 from wire import WireClient, produce_request
 
 from kanal.embedded import TansuBroker
 
 VALUE = b"v" * 1000
-
-
-def wait_for(condition: Callable[[], Any], timeout: float = 20.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        result = condition()
-        if result:
-            return result
-        assert time.monotonic() < deadline, "condition not met in time"
-        time.sleep(0.05)
 
 
 @pytest.fixture

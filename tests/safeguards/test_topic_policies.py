@@ -4,9 +4,8 @@ values on the broker), checked on the broker itself, and the audit events."""
 
 from __future__ import annotations
 
-import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -14,7 +13,7 @@ from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource, NewTopic
 from kafka.admin import KafkaAdminClient
 from kanal_safeguards.decisions import PREFIX
-from safeguard_clients import audit_events, bootstrap_of, direct, safeguards_gateway, spec, through
+from safeguard_clients import audit_events, bootstrap_of, direct, safeguards_gateway, spec, through, wait_for
 
 from kanal.embedded import TansuBroker
 from kanal.gateway import Gateway
@@ -70,17 +69,6 @@ def gateway(tansu: TansuBroker) -> Iterator[Gateway]:
 
 def name(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex[:10]}"
-
-
-def wait_for(condition: Callable[[], Any], timeout: float = TIMEOUT) -> Any:
-    """The first truthy value of ``condition``, polled until ``timeout``."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        assert time.monotonic() < deadline, "condition not met in time"
-        time.sleep(0.05)
 
 
 def outcomes(futures: dict[Any, Any]) -> dict[Any, KafkaError | None]:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import itertools
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import kanal_safeguards.plugin
@@ -15,7 +15,7 @@ import orjson
 import pytest
 from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
-from safeguard_clients import direct, safeguards_gateway, spec, through
+from safeguard_clients import direct, safeguards_gateway, spec, through, wait_for
 
 from kanal.api import InterceptorConfigError, Record, encode_batch
 from kanal.embedded import TansuBroker
@@ -28,17 +28,6 @@ USAGE_TOPIC = "_usage-chargeback"
 VALUES = [b"first", b"second value", b"x" * 300, b"fourth"]
 PRODUCER = "cb-producer"
 CONSUMER = "cb-consumer"
-
-
-def wait_for(condition: Callable[[], Any], timeout: float = 30.0) -> Any:
-    """``condition()``'s first truthy answer; fails after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        answer = condition()
-        if answer:
-            return answer
-        assert time.monotonic() < deadline, "condition not met in time"
-        time.sleep(0.05)
 
 
 def create_topic(tansu: TansuBroker, topic: str) -> str:
