@@ -9,8 +9,7 @@ import re
 from typing import Any, ClassVar
 
 from kanal.api import Connection, Interceptor, InterceptorConfigError
-
-from .decisions import Action, Decisions
+from kanal_safeguards.decisions import Action, Decisions
 
 __all__ = ["SafeguardInterceptor", "TopicMatcher", "check_action", "check_actions", "compile_topic", "with_throttle"]
 

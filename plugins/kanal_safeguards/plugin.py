@@ -1,12 +1,12 @@
 """The ``safeguards`` plugin object (entry point ``safeguards = "kanal_safeguards.plugin"``): the
-safeguard and traffic-control interceptor types (public plugin API only)."""
+safeguard and traffic-control interceptor types (public plugin API only), by area: ``policies``,
+``limits``, ``caching``, ``claim_check``, ``usage`` and ``chaos``."""
 
 from __future__ import annotations
 
 from kanal.api import Interceptor, hookimpl
-
-from . import cache, chaos, groups, large_messages, rate_limits, records_policies, topics, usage
-from .cache import SESSIONS_VARIABLE
+from kanal_safeguards import caching, chaos, claim_check, limits, policies, usage
+from kanal_safeguards.caching.cache import SESSIONS_VARIABLE
 
 __all__ = ["kanal_interceptor_types", "kanal_settings"]
 
@@ -14,12 +14,10 @@ __all__ = ["kanal_interceptor_types", "kanal_settings"]
 @hookimpl
 def kanal_interceptor_types() -> list[type[Interceptor]]:
     return [
-        *records_policies.INTERCEPTORS,
-        *topics.INTERCEPTORS,
-        *groups.INTERCEPTORS,
-        *rate_limits.INTERCEPTORS,
-        *cache.INTERCEPTORS,
-        *large_messages.INTERCEPTORS,
+        *policies.INTERCEPTORS,
+        *limits.INTERCEPTORS,
+        *caching.INTERCEPTORS,
+        *claim_check.INTERCEPTORS,
         *usage.INTERCEPTORS,
         *chaos.INTERCEPTORS,
     ]

@@ -17,7 +17,7 @@ from typing import Any
 
 import msgspec
 
-from .decisions import Action, Violation
+from kanal_safeguards.decisions import Action, Violation
 
 __all__ = ["RangeRule", "RegexRule", "ValueRule", "ValuesRule"]
 

@@ -17,7 +17,7 @@ import kanal_safeguards.plugin
 import pytest
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
-from kanal_safeguards.cache import SESSIONS_VARIABLE, Cache
+from kanal_safeguards.caching.cache import SESSIONS_VARIABLE, Cache
 from safeguard_clients import direct, inprocess_gateway, safeguards_gateway, spec, through, unique
 
 from kanal.api import InterceptorConfigError

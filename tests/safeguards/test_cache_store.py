@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from kanal_safeguards.cache_store import CachedBatch, CacheStore, Served, parse_batches
+from kanal_safeguards.caching.cache_store import CachedBatch, CacheStore, Served, parse_batches
 
 from kanal.api import Record, RecordSet, encode_batch
 

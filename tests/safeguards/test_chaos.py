@@ -18,10 +18,10 @@ import trio
 import trio.testing
 import yaml
 from kanal_safeguards import chaos
-from kanal_safeguards.chaos_common import INJECTIONS_METRIC
-from kanal_safeguards.chaos_errors import LEGAL_ERRORS, BrokenBrokers, LeaderElectionErrors
-from kanal_safeguards.chaos_latency import Latency, SlowBroker, SlowProducersConsumers
-from kanal_safeguards.chaos_records import DuplicateMessages, InvalidSchemaId, MessageCorruption
+from kanal_safeguards.chaos.common import INJECTIONS_METRIC
+from kanal_safeguards.chaos.errors import LEGAL_ERRORS, BrokenBrokers, LeaderElectionErrors
+from kanal_safeguards.chaos.latency import Latency, SlowBroker, SlowProducersConsumers
+from kanal_safeguards.chaos.records import DuplicateMessages, InvalidSchemaId, MessageCorruption
 
 from kanal.api import (
     ApiKey,

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
-from kanal_safeguards.chaos_common import INJECTIONS_METRIC
+from kanal_safeguards.chaos.common import INJECTIONS_METRIC
 from safeguard_clients import audit_events, bootstrap_of, direct, safeguards_gateway, spec, through, wait_for
 from wire import WireClient, metadata_request, produce_request
 

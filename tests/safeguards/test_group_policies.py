@@ -12,9 +12,9 @@ import pytest
 import trio
 from confluent_kafka import Consumer, KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
-from kanal_safeguards.client_id import ClientIdPolicy, render
-from kanal_safeguards.consumer_group import ConsumerGroupPolicy
 from kanal_safeguards.decisions import PREFIX
+from kanal_safeguards.policies.client_id import ClientIdPolicy, render
+from kanal_safeguards.policies.consumer_group import ConsumerGroupPolicy
 from kio.schema.list_groups.v4.request import ListGroupsRequest
 from safeguard_clients import audit_events, bootstrap_of, direct, safeguards_gateway, spec, through, unique, wait_for
 from wire import WireClient

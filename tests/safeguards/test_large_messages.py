@@ -19,7 +19,7 @@ import httpx
 import pytest
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Message, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
-from kanal_safeguards.large_messages import MARKER, Reference
+from kanal_safeguards.claim_check.large_messages import MARKER, Reference
 from safeguard_clients import direct, safeguards_gateway, spec, through, wait_for
 
 from kanal.embedded import TansuBroker
@@ -29,7 +29,7 @@ pytestmark = pytest.mark.integration
 
 MB = 1024 * 1024
 BIG = 20 * MB
-LOGGER = "kanal_safeguards.large_messages"
+LOGGER = "kanal_safeguards.claim_check.large_messages"
 #: Producer settings for 20 MB records (librdkafka refuses to send more than 1 MB by default).
 PRODUCER = {"message.max.bytes": 32 * MB, "linger.ms": 0}
 #: Consumers need nothing: librdkafka takes responses up to 100 MB (``receive.message.max.bytes``).

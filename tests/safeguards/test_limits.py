@@ -17,8 +17,8 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 from kanal_safeguards.base import with_throttle
 from kanal_safeguards.decisions import PREFIX
-from kanal_safeguards.limits import LimitCommitOffset, LimitCommitOffsetConfig, LimitConnection, LimitJoinGroup
-from kanal_safeguards.windows import SlidingWindow
+from kanal_safeguards.limits.requests import LimitCommitOffset, LimitCommitOffsetConfig, LimitConnection, LimitJoinGroup
+from kanal_safeguards.limits.windows import SlidingWindow
 from safeguard_clients import audit_events, bootstrap_of, direct, safeguards_gateway, spec, through, unique, wait_for
 from wire import WireClient, api_versions_request
 

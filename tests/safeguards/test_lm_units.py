@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 import trio
 import yaml
-from kanal_safeguards.large_messages import MARKER, STORE_FAILED, LargeMessage, Reference
-from kanal_safeguards.object_store import new_key, valid_key
+from kanal_safeguards.claim_check.large_messages import MARKER, STORE_FAILED, LargeMessage, Reference
+from kanal_safeguards.claim_check.object_store import new_key, valid_key
 
 from kanal.api import ErrorCode, InterceptorConfigError, PartitionError, Record, RecordSet, encode_batch
 from kanal.testing import Harness

@@ -9,11 +9,11 @@ from typing import Any
 
 import pytest
 from kanal_safeguards.base import TopicMatcher, with_throttle
-from kanal_safeguards.fetch_policy import FetchPolicy
-from kanal_safeguards.header_removal import HeaderRemoval
-from kanal_safeguards.produce_policy import ProducePolicy
-from kanal_safeguards.read_only import ReadOnlyTopic
-from kanal_safeguards.schema_id import TopicRequiredSchemaId, has_schema_id
+from kanal_safeguards.policies.fetch_policy import FetchPolicy
+from kanal_safeguards.policies.header_removal import HeaderRemoval
+from kanal_safeguards.policies.produce_policy import ProducePolicy
+from kanal_safeguards.policies.read_only import ReadOnlyTopic
+from kanal_safeguards.policies.schema_id import TopicRequiredSchemaId, has_schema_id
 
 from kanal.api import Interceptor, InterceptorConfigError, build, response_class
 from kanal.testing import Harness

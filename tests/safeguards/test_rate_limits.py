@@ -14,8 +14,8 @@ from typing import Any
 import kanal_safeguards.plugin
 import pytest
 import trio
-from kanal_safeguards.buckets import TokenBuckets
-from kanal_safeguards.rate_limits import ConsumerRateLimiting, ProducerRateLimiting
+from kanal_safeguards.limits.buckets import TokenBuckets
+from kanal_safeguards.limits.rate_limits import ConsumerRateLimiting, ProducerRateLimiting
 
 from kanal.api import (
     ApiKey,

@@ -17,7 +17,7 @@ from __future__ import annotations
 import time
 from collections.abc import Hashable
 
-from .windows import Clock
+from kanal_safeguards.limits.windows import Clock
 
 __all__ = ["TokenBuckets"]
 

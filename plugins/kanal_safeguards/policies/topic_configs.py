@@ -17,9 +17,8 @@ from typing import Any
 import msgspec
 
 from kanal.api import InterceptorConfigError
-
-from .decisions import Action, Decisions, Violation
-from .rules import RangeRule, ValueRule, ValuesRule
+from kanal_safeguards.decisions import Action, Decisions, Violation
+from kanal_safeguards.rules import RangeRule, ValueRule, ValuesRule
 
 __all__ = [
     "BROKER_CONFIGS",

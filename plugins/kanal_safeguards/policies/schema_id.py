@@ -11,9 +11,8 @@ from typing import ClassVar
 import msgspec
 
 from kanal.api import ErrorCode, GatewayServices, PartitionError, RecordsContext, RecordsResult, hookimpl
-
-from .base import SafeguardInterceptor, TopicMatcher, check_action
-from .decisions import Action, Decisions, Violation
+from kanal_safeguards.base import SafeguardInterceptor, TopicMatcher, check_action
+from kanal_safeguards.decisions import Action, Decisions, Violation
 
 __all__ = ["TopicRequiredSchemaId", "TopicRequiredSchemaIdConfig", "has_schema_id"]
 

@@ -23,12 +23,18 @@ from kanal.api import (
     ResponseResult,
     hookimpl,
 )
-
-from .base import SafeguardInterceptor, compile_topic
-from .decisions import Action, Decisions, Violation
-from .entities import Failed, Key, failed_response, merge_failed
-from .rules import RangeRule, RegexRule
-from .topic_configs import TOPIC_CONFIGS, Blacklist, apply_rewrites, config_rules, config_struct, refuse_override
+from kanal_safeguards.base import SafeguardInterceptor, compile_topic
+from kanal_safeguards.decisions import Action, Decisions, Violation
+from kanal_safeguards.policies.entities import Failed, Key, failed_response, merge_failed
+from kanal_safeguards.policies.topic_configs import (
+    TOPIC_CONFIGS,
+    Blacklist,
+    apply_rewrites,
+    config_rules,
+    config_struct,
+    refuse_override,
+)
+from kanal_safeguards.rules import RangeRule, RegexRule
 
 __all__ = ["CreateTopicPolicy", "CreateTopicPolicyConfig"]
 

@@ -30,8 +30,7 @@ from kanal.api import (
     api_name,
     hookimpl,
 )
-
-from .base import TopicMatcher
+from kanal_safeguards.base import TopicMatcher
 
 __all__ = ["TEMPLATE_VARIABLES", "HeaderInjection", "HeaderInjectionConfig"]
 

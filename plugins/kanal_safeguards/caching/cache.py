@@ -38,9 +38,8 @@ from kanal.api import (
     nested,
     response_class,
 )
-
-from .base import TopicMatcher
-from .cache_store import CachedBatch, CacheStore, Served, parse_batches
+from kanal_safeguards.base import TopicMatcher
+from kanal_safeguards.caching.cache_store import CachedBatch, CacheStore, Served, parse_batches
 
 __all__ = ["INTERCEPTORS", "Cache", "CacheConfig", "CacheInterceptorConfig", "InMemConfig"]
 

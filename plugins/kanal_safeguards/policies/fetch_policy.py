@@ -24,10 +24,9 @@ from kanal.api import (
     ResponseResult,
     hookimpl,
 )
-
-from .base import SafeguardInterceptor, TopicMatcher, check_actions, with_throttle
-from .decisions import Action, Decisions, Violation
-from .rules import RangeRule, ValueRule
+from kanal_safeguards.base import SafeguardInterceptor, TopicMatcher, check_actions, with_throttle
+from kanal_safeguards.decisions import Action, Decisions, Violation
+from kanal_safeguards.rules import RangeRule, ValueRule
 
 __all__ = ["FetchPolicy", "FetchPolicyConfig", "fetch_topic_names"]
 

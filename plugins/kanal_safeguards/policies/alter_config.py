@@ -26,11 +26,10 @@ from kanal.api import (
     ResponseResult,
     hookimpl,
 )
-
-from .base import SafeguardInterceptor, compile_topic
-from .decisions import Action, Decisions
-from .entities import Failed, Key, failed_response, merge_failed
-from .topic_configs import (
+from kanal_safeguards.base import SafeguardInterceptor, compile_topic
+from kanal_safeguards.decisions import Action, Decisions
+from kanal_safeguards.policies.entities import Failed, Key, failed_response, merge_failed
+from kanal_safeguards.policies.topic_configs import (
     BROKER_CONFIGS,
     TOPIC_ALTER_KEYS,
     TOPIC_CONFIGS,

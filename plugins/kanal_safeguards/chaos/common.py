@@ -17,9 +17,8 @@ import msgspec
 from prometheus_client import CollectorRegistry, Counter
 
 from kanal.api import ApiKey, Connection, GatewayServices, RequestContext
-
-from .base import SafeguardInterceptor
-from .decisions import AUDIT_TYPE
+from kanal_safeguards.base import SafeguardInterceptor
+from kanal_safeguards.decisions import AUDIT_TYPE
 
 __all__ = [
     "INJECTIONS_METRIC",

@@ -21,7 +21,7 @@ from botocore.awsrequest import AWSRequest
 from botocore.credentials import Credentials, ReadOnlyCredentials
 from botocore.session import Session
 
-from .object_store import ObjectMissing, StoreError
+from kanal_safeguards.claim_check.object_store import ObjectMissing, StoreError
 
 __all__ = ["S3Settings", "S3Store"]
 

@@ -32,10 +32,9 @@ from kanal.api import (
     ResponseResult,
     hookimpl,
 )
-
-from .base import SafeguardInterceptor, with_throttle
-from .decisions import Action, Decisions, Violation
-from .windows import SlidingWindow
+from kanal_safeguards.base import SafeguardInterceptor, with_throttle
+from kanal_safeguards.decisions import Action, Decisions, Violation
+from kanal_safeguards.limits.windows import SlidingWindow
 
 __all__ = [
     "LimitCommitOffset",

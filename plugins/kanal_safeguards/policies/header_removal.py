@@ -10,8 +10,7 @@ from typing import ClassVar
 import msgspec
 
 from kanal.api import GatewayServices, InterceptorConfigError, RecordsContext, RecordsResult, hookimpl
-
-from .base import SafeguardInterceptor, TopicMatcher
+from kanal_safeguards.base import SafeguardInterceptor, TopicMatcher
 
 __all__ = ["HeaderRemoval", "HeaderRemovalConfig"]
 

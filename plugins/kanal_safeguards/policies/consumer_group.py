@@ -24,10 +24,9 @@ from kanal.api import (
     RequestResult,
     hookimpl,
 )
-
-from .base import SafeguardInterceptor
-from .decisions import Action, Decisions, Violation
-from .rules import RangeRule, RegexRule
+from kanal_safeguards.base import SafeguardInterceptor
+from kanal_safeguards.decisions import Action, Decisions, Violation
+from kanal_safeguards.rules import RangeRule, RegexRule
 
 __all__ = ["ConsumerGroupPolicy", "ConsumerGroupPolicyConfig"]
 

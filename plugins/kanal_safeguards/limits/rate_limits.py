@@ -38,11 +38,10 @@ from kanal.api import (
     ResponseResult,
     hookimpl,
 )
-
-from .base import SafeguardInterceptor, TopicMatcher, check_action, with_throttle
-from .buckets import TokenBuckets
-from .decisions import Action, Decisions, Violation
-from .windows import Clock, SlidingWindow
+from kanal_safeguards.base import SafeguardInterceptor, TopicMatcher, check_action, with_throttle
+from kanal_safeguards.decisions import Action, Decisions, Violation
+from kanal_safeguards.limits.buckets import TokenBuckets
+from kanal_safeguards.limits.windows import Clock, SlidingWindow
 
 __all__ = [
     "INTERCEPTORS",

@@ -22,8 +22,7 @@ from kanal.api import (
     api_name,
     hookimpl,
 )
-
-from .chaos_common import ChaosConfig, ChaosInterceptor, Percent
+from kanal_safeguards.chaos.common import ChaosConfig, ChaosInterceptor, Percent
 
 __all__ = [
     "DEFAULT_ERRORS",

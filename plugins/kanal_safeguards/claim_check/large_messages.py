@@ -36,10 +36,16 @@ from kanal.api import (
     hookimpl,
     records_area,
 )
-
-from .base import SafeguardInterceptor, TopicMatcher
-from .object_store import LocalDiskStore, ObjectMissing, ObjectStore, StoreError, new_key, valid_key
-from .s3 import S3Settings, S3Store
+from kanal_safeguards.base import SafeguardInterceptor, TopicMatcher
+from kanal_safeguards.claim_check.object_store import (
+    LocalDiskStore,
+    ObjectMissing,
+    ObjectStore,
+    StoreError,
+    new_key,
+    valid_key,
+)
+from kanal_safeguards.claim_check.s3 import S3Settings, S3Store
 
 __all__ = [
     "INTERCEPTORS",

@@ -4,8 +4,7 @@
 from __future__ import annotations
 
 from kanal.api import Interceptor
-
-from . import chargeback, header_injection
+from kanal_safeguards.usage import chargeback, header_injection
 
 __all__ = ["INTERCEPTORS"]
 

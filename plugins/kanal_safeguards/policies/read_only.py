@@ -36,9 +36,8 @@ from kanal.api import (
     nested,
     response_class,
 )
-
-from .base import SafeguardInterceptor, TopicMatcher, check_action
-from .decisions import Action, Decisions, Violation
+from kanal_safeguards.base import SafeguardInterceptor, TopicMatcher, check_action
+from kanal_safeguards.decisions import Action, Decisions, Violation
 
 __all__ = ["ReadOnlyTopic", "ReadOnlyTopicConfig"]
 

@@ -14,9 +14,8 @@ from typing import Annotated, ClassVar
 import msgspec
 
 from kanal.api import GatewayServices, Record, RecordBatch, RecordsContext, RecordsResult, hookimpl
-
-from .base import TopicMatcher
-from .chaos_common import ChaosConfig, ChaosInterceptor, Percent, Target
+from kanal_safeguards.base import TopicMatcher
+from kanal_safeguards.chaos.common import ChaosConfig, ChaosInterceptor, Percent, Target
 
 __all__ = [
     "DuplicateMessages",

@@ -31,9 +31,8 @@ from kanal.api import (
     RequestResult,
     hookimpl,
 )
-
-from .base import SafeguardInterceptor
-from .decisions import Action, Decisions, Violation
+from kanal_safeguards.base import SafeguardInterceptor
+from kanal_safeguards.decisions import Action, Decisions, Violation
 
 __all__ = ["TEMPLATE_VARIABLES", "ClientIdPolicy", "ClientIdPolicyConfig", "render"]
 

@@ -24,9 +24,8 @@ from kanal.api import (
     api_name,
     hookimpl,
 )
-
-from .base import TopicMatcher
-from .chaos_common import ChaosConfig, ChaosInterceptor, Percent, request_topics
+from kanal_safeguards.base import TopicMatcher
+from kanal_safeguards.chaos.common import ChaosConfig, ChaosInterceptor, Percent, request_topics
 
 __all__ = [
     "Latency",
