@@ -250,3 +250,17 @@ def test_reads_from_the_cache_give_exactly_the_model_logs_offsets(steps: list[tu
 
 def offs(b: CachedBatch) -> list[int]:
     return list(range(b.base, b.next))
+
+
+def test_expiry_after_the_oldest_batch_was_evicted_keeps_the_younger_ones() -> None:
+    """Eviction by bytes took the oldest stored batch: expiry must not think it is still there."""
+    clock = Clock()
+    one = len(batch(0, 2).data)
+    store = CacheStore(one * 2, 1000, clock)
+    store.add(KEY, [batch(0, 2)], node_id=1)
+    clock.now += 0.6
+    store.add(KEY, [batch(2, 2), batch(4, 2)], node_id=1)  # one too many: batch 0 is evicted
+    observe(store, 6)
+    clock.now += 0.5  # batch 0 would have been 1.1 s old; the others are 0.5 s
+    served = store.read(KEY, 2, 1 << 20)
+    assert served is not None and offsets(served) == [2, 3, 4, 5]

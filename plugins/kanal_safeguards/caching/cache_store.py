@@ -110,6 +110,8 @@ class PartitionRun:
         first = self.batches.pop(0)
         self.bases.pop(0)
         self.size -= len(first.data)
+        if first.stored_at <= self.oldest:  # it may have been the oldest stored: expiry reads this
+            self.oldest = min((b.stored_at for b in self.batches), default=0.0)
         return len(first.data)
 
 
