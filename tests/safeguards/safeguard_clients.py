@@ -13,6 +13,8 @@ from pathlib import Path
 from typing import Any
 
 import kanal_safeguards.plugin
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Message, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
 
 from kanal.api.interceptor import InterceptorSpec
 from kanal.audit.events import AuditQuery
@@ -25,8 +27,11 @@ from inprocess import bootstrap_of, in_gateway, inprocess_gateway
 __all__ = [
     "audit_events",
     "bootstrap_of",
+    "create_topics",
     "direct",
     "in_gateway",
+    "read_count",
+    "read_to_end",
     "safeguards_gateway",
     "spec",
     "through",
@@ -81,3 +86,51 @@ def wait_for(condition: Callable[[], Any], timeout: float = 30.0, what: str = "c
             return answer
         assert time.monotonic() < deadline, f"{what}: not met within {timeout} s"
         time.sleep(0.05)
+
+
+def create_topics(tansu: TansuBroker, *topics: str, partitions: int = 1) -> None:
+    """Creates the topics on the broker itself (the gateway under test does not see it)."""
+    admin = AdminClient(direct(tansu))
+    for future in admin.create_topics([NewTopic(t, partitions) for t in topics], request_timeout=15).values():
+        future.result(20)
+
+
+def read_to_end(config: dict[str, Any], topic: str, partition: int = 0, **extra: Any) -> list[Message]:
+    """Every record of the partition from its start to its end, in the order the consumer got them."""
+    consumer = Consumer(
+        {**config, "group.id": unique("check"), "enable.auto.commit": False, "enable.partition.eof": True, **extra}
+    )
+    try:
+        consumer.assign([TopicPartition(topic, partition, OFFSET_BEGINNING)])
+        messages: list[Message] = []
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            message = consumer.poll(0.2)
+            if message is None:
+                continue
+            error = message.error()
+            if error is not None and error.code() == KafkaError._PARTITION_EOF:
+                return messages
+            assert error is None, error
+            messages.append(message)
+        raise AssertionError(f"no end of partition after {len(messages)} records")
+    finally:
+        consumer.close()
+
+
+def read_count(config: dict[str, Any], topic: str, count: int) -> list[Message]:
+    """The first ``count`` records of partition 0."""
+    consumer = Consumer({**config, "group.id": unique("check"), "enable.auto.commit": False})
+    try:
+        consumer.assign([TopicPartition(topic, 0, OFFSET_BEGINNING)])
+        messages: list[Message] = []
+        deadline = time.monotonic() + 30
+        while len(messages) < count:
+            assert time.monotonic() < deadline, f"only {len(messages)} of {count} records"
+            message = consumer.poll(0.2)
+            if message is not None:
+                assert message.error() is None, message.error()
+                messages.append(message)
+        return messages
+    finally:
+        consumer.close()

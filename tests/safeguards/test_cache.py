@@ -16,9 +16,17 @@ from typing import Any
 import kanal_safeguards.plugin
 import pytest
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Producer, TopicPartition
-from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 from kanal_safeguards.caching.cache import SESSIONS_VARIABLE, Cache
-from safeguard_clients import direct, inprocess_gateway, safeguards_gateway, spec, through, unique
+from safeguard_clients import (
+    create_topics,
+    direct,
+    inprocess_gateway,
+    read_to_end,
+    safeguards_gateway,
+    spec,
+    through,
+    unique,
+)
 
 from kanal.api import InterceptorConfigError
 from kanal.embedded import TansuBroker
@@ -29,12 +37,6 @@ from kanal.testing import FakeServices, Harness
 SMALL_FETCHES = {"fetch.max.bytes": 4000, "max.partition.fetch.bytes": 4000, "message.max.bytes": 4000}
 
 Record = tuple[int, int, bytes | None, bytes | None]  # partition, offset, key, value
-
-
-def create_topic(tansu: TansuBroker, topic: str, partitions: int = 1) -> None:
-    admin = AdminClient(direct(tansu))
-    for future in admin.create_topics([NewTopic(topic, partitions)], request_timeout=15).values():
-        future.result(20)
 
 
 def produce(config: dict[str, Any], topic: str, values: Sequence[bytes], partition: int = 0, **extra: Any) -> None:
@@ -50,25 +52,8 @@ def produce(config: dict[str, Any], topic: str, values: Sequence[bytes], partiti
 
 def read_all(config: dict[str, Any], topic: str, partition: int = 0, **extra: Any) -> list[Record]:
     """Every record of the partition from the start to its end, in the order the consumer got them."""
-    consumer = Consumer(
-        {**config, "group.id": unique("cache"), "enable.auto.commit": False, "enable.partition.eof": True, **extra}
-    )
-    try:
-        consumer.assign([TopicPartition(topic, partition, OFFSET_BEGINNING)])
-        records: list[Record] = []
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            message = consumer.poll(0.2)
-            if message is None:
-                continue
-            error = message.error()
-            if error is not None and error.code() == KafkaError._PARTITION_EOF:
-                return records
-            assert error is None, error
-            records.append((message.partition(), message.offset(), message.key(), message.value()))
-        raise AssertionError(f"no end of partition after {len(records)} records")
-    finally:
-        consumer.close()
+    messages = read_to_end(config, topic, partition, **extra)
+    return [(m.partition(), m.offset(), m.key(), m.value()) for m in messages]
 
 
 def read_from(config: dict[str, Any], topic: str, offset: int, count: int, **extra: Any) -> list[Record]:
@@ -102,7 +87,7 @@ def test_a_partition_read_twice_gives_the_same_records_the_second_time_from_the_
     tansu: TansuBroker, cached: Gateway
 ) -> None:
     topic = unique("cached-twice")
-    create_topic(tansu, topic)
+    create_topics(tansu, topic)
     produce(direct(tansu), topic, [b"v%d" % i for i in range(200)], **{"batch.num.messages": 7})
     expected = read_all(direct(tansu), topic)
     assert [r[1] for r in expected] == list(range(200))
@@ -119,7 +104,7 @@ def test_records_produced_through_the_gateway_are_served_from_the_cache(
     tansu: TansuBroker, cached: Gateway, isolation: str
 ) -> None:
     topic = unique("cached-produced")
-    create_topic(tansu, topic)
+    create_topics(tansu, topic)
     produce(through(cached), topic, [b"p%d" % i for i in range(50)], acks="all", **{"batch.num.messages": 5})
     # a first read: the broker vouches for the consumer's leader epoch and tells the offsets
     assert read_all(through(cached), topic, **{"isolation.level": isolation}) == read_all(direct(tansu), topic)
@@ -134,7 +119,7 @@ def test_records_produced_through_the_gateway_are_served_from_the_cache(
 
 def test_topics_the_regex_does_not_match_are_never_cached(tansu: TansuBroker, cached: Gateway) -> None:
     topic = unique("plain")
-    create_topic(tansu, topic)
+    create_topics(tansu, topic)
     produce(through(cached), topic, [b"x%d" % i for i in range(20)], acks="all")
     before = hits(cached)
     assert read_all(through(cached), topic) == read_all(through(cached), topic) == read_all(direct(tansu), topic)
@@ -145,7 +130,7 @@ def test_concurrent_produce_and_fetch_through_the_gateway_see_the_broker_log(
     tansu: TansuBroker, cached: Gateway
 ) -> None:
     topic = unique("cached-concurrent")
-    create_topic(tansu, topic, partitions=2)
+    create_topics(tansu, topic, partitions=2)
     total = 300
     seen: dict[int, list[Record]] = {0: [], 1: []}
     failures: list[BaseException] = []
@@ -236,7 +221,7 @@ def test_interceptors_in_front_of_the_cache_see_what_it_serves(tansu: TansuBroke
         spec("cache", "cache", {"topic": "cached-.*"}, priority=900),
     ]
     topic = unique("cached-front")
-    create_topic(tansu, topic)
+    create_topics(tansu, topic)
     producer = Producer({**direct(tansu), "linger.ms": 0})
     for i in range(20):
         producer.produce(topic, b"v%d" % i, partition=0, headers=[("secret-id", b"s"), ("kept", b"k")])

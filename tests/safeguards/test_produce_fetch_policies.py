@@ -14,9 +14,18 @@ import kafka
 import kafka.errors
 import pytest
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Message, Producer, TopicPartition
-from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 from kanal_safeguards.decisions import PREFIX
-from safeguard_clients import audit_events, bootstrap_of, direct, safeguards_gateway, spec, through, wait_for
+from safeguard_clients import (
+    audit_events,
+    bootstrap_of,
+    create_topics,
+    direct,
+    read_to_end,
+    safeguards_gateway,
+    spec,
+    through,
+    wait_for,
+)
 from wire import WireClient, produce_request
 
 from kanal.api import build, nested, require_request_class
@@ -31,10 +40,9 @@ Headers = list[tuple[str, bytes]]
 # -- helpers shared with the test_pf_* modules
 
 
-def create_topics(tansu: TansuBroker, *topics: str, partitions: int = 1) -> None:
-    admin = AdminClient(direct(tansu))
-    for future in admin.create_topics([NewTopic(t, partitions) for t in topics], request_timeout=15).values():
-        future.result(20)
+def stored(tansu: TansuBroker, topic: str, partition: int = 0) -> list[Message]:
+    """Every record of the partition, read from the broker itself (up to its end)."""
+    return read_to_end(direct(tansu), topic, partition)
 
 
 def produce(
@@ -47,29 +55,6 @@ def produce(
         producer.produce(topic, value, partition=0, headers=headers, on_delivery=lambda e, _: reports.append(e))
     assert producer.flush(30) == 0
     return reports
-
-
-def stored(tansu: TansuBroker, topic: str, partition: int = 0) -> list[Message]:
-    """Every record of the partition, read from the broker itself (up to its end)."""
-    consumer = Consumer(
-        {**direct(tansu), "group.id": "check", "enable.auto.commit": False, "enable.partition.eof": True}
-    )
-    try:
-        consumer.assign([TopicPartition(topic, partition, OFFSET_BEGINNING)])
-        messages: list[Message] = []
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            message = consumer.poll(0.2)
-            if message is None:
-                continue
-            error = message.error()
-            if error is not None and error.code() == KafkaError._PARTITION_EOF:
-                return messages
-            assert error is None, error
-            messages.append(message)
-        raise AssertionError(f"no end of partition after {len(messages)} records")
-    finally:
-        consumer.close()
 
 
 def events_of(gateway: Gateway, plugin: str, count: int) -> list[dict[str, Any]]:

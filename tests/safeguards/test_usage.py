@@ -14,9 +14,8 @@ from typing import Any
 
 import kanal_safeguards.plugin
 import pytest
-from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Message, Producer, TopicPartition
-from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
-from safeguard_clients import direct, safeguards_gateway, spec, through
+from confluent_kafka import KafkaError, Message, Producer
+from safeguard_clients import create_topics, direct, read_count, safeguards_gateway, spec, through
 
 from kanal.api import InterceptorConfigError
 from kanal.embedded import TansuBroker
@@ -57,13 +56,6 @@ def gateway(tansu: TansuBroker) -> Iterator[Gateway]:
         yield gw
 
 
-def create_topic(tansu: TansuBroker, topic: str) -> str:
-    admin = AdminClient(direct(tansu))
-    for future in admin.create_topics([NewTopic(topic, 1)], request_timeout=15).values():
-        future.result(20)
-    return topic
-
-
 def produce(gateway: Gateway, topic: str, records: Sequence[tuple[bytes, Headers | None]], client_id: str) -> None:
     producer = Producer(through(gateway, **{"client.id": client_id, "linger.ms": 0}))
     errors: list[KafkaError | None] = []
@@ -73,35 +65,18 @@ def produce(gateway: Gateway, topic: str, records: Sequence[tuple[bytes, Headers
     assert errors == [None] * len(records)
 
 
-def stored(tansu: TansuBroker, topic: str, count: int) -> list[Message]:
-    """The first ``count`` records of partition 0, read from the broker itself."""
-    consumer = Consumer({**direct(tansu), "group.id": "usage-check", "enable.auto.commit": False})
-    try:
-        consumer.assign([TopicPartition(topic, 0, OFFSET_BEGINNING)])
-        messages: list[Message] = []
-        deadline = time.monotonic() + 30
-        while len(messages) < count:
-            assert time.monotonic() < deadline, f"only {len(messages)} of {count} records"
-            message = consumer.poll(0.2)
-            if message is not None:
-                assert message.error() is None, message.error()
-                messages.append(message)
-        return messages
-    finally:
-        consumer.close()
-
-
 def headers_of(message: Message) -> dict[str, str]:
     return {k: (v or b"").decode() for k, v in message.headers() or []}
 
 
 def test_templates_are_rendered_for_each_record(tansu: TansuBroker, gateway: Gateway) -> None:
-    topic = create_topic(tansu, "hi-templates")
+    topic = "hi-templates"
+    create_topics(tansu, topic)
     before = int(time.time() * 1000)
     produce(gateway, topic, [(b"a", None), (b"b", [("x-app", b"mine")]), (b"c", None)], "usage-producer")
     after = int(time.time() * 1000)
 
-    messages = stored(tansu, topic, 3)
+    messages = read_count(direct(tansu), topic, 3)
     assert [m.value() for m in messages] == [b"a", b"b", b"c"]
     ids = []
     for message in messages:
@@ -123,23 +98,26 @@ def test_templates_are_rendered_for_each_record(tansu: TansuBroker, gateway: Gat
 
 
 def test_other_topics_are_untouched(tansu: TansuBroker, gateway: Gateway) -> None:
-    topic = create_topic(tansu, "no-hi-templates")  # "hi-.*" must match the whole name
+    topic = "no-hi-templates"  # "hi-.*" must match the whole name
+    create_topics(tansu, topic)
     produce(gateway, topic, [(b"a", None), (b"b", [("x-app", b"mine")])], "usage-producer")
-    assert [m.headers() for m in stored(tansu, topic, 2)] == [None, [("x-app", b"mine")]]
+    assert [m.headers() for m in read_count(direct(tansu), topic, 2)] == [None, [("x-app", b"mine")]]
 
 
 def test_override_if_exists_false_keeps_the_producers_header(tansu: TansuBroker, gateway: Gateway) -> None:
-    topic = create_topic(tansu, "keep-env")
+    topic = "keep-env"
+    create_topics(tansu, topic)
     produce(gateway, topic, [(b"a", [("x-env", b"app")]), (b"b", None)], "usage-producer")
-    first, second = stored(tansu, topic, 2)
+    first, second = read_count(direct(tansu), topic, 2)
     assert first.headers() == [("x-env", b"app"), ("x-new", b"1")]
     assert second.headers() == [("x-env", b"gateway"), ("x-new", b"1")]
 
 
 def test_override_if_exists_true_replaces_it(tansu: TansuBroker, gateway: Gateway) -> None:
-    topic = create_topic(tansu, "force-env")
+    topic = "force-env"
+    create_topics(tansu, topic)
     produce(gateway, topic, [(b"a", [("x-env", b"app"), ("x-app", b"1"), ("x-env", b"again")]), (b"b", None)], "p")
-    first, second = stored(tansu, topic, 2)
+    first, second = read_count(direct(tansu), topic, 2)
     assert first.headers() == [("x-app", b"1"), ("x-env", b"gateway")]
     assert second.headers() == [("x-env", b"gateway")]
 

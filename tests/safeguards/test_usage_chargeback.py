@@ -14,8 +14,8 @@ import kanal_safeguards.plugin
 import orjson
 import pytest
 from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
-from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
-from safeguard_clients import direct, safeguards_gateway, spec, through, wait_for
+from confluent_kafka.admin import AdminClient  # type: ignore[attr-defined]
+from safeguard_clients import create_topics, direct, read_count, safeguards_gateway, spec, through, wait_for
 
 from kanal.api import InterceptorConfigError, Record, encode_batch
 from kanal.embedded import TansuBroker
@@ -30,36 +30,12 @@ PRODUCER = "cb-producer"
 CONSUMER = "cb-consumer"
 
 
-def create_topic(tansu: TansuBroker, topic: str) -> str:
-    admin = AdminClient(direct(tansu))
-    for future in admin.create_topics([NewTopic(topic, 1)], request_timeout=15).values():
-        future.result(20)
-    return topic
-
-
 def produce_one_by_one(gateway: Gateway, topic: str) -> None:
     """One Produce request per value: a record batch of one record each, uncompressed."""
     producer = Producer(through(gateway, **{"client.id": PRODUCER, "linger.ms": 0, "compression.type": "none"}))
     for value in VALUES:
         producer.produce(topic, value, partition=0)
         assert producer.flush(30) == 0
-
-
-def consume(config: dict[str, Any], topic: str, count: int) -> list[Any]:
-    consumer = Consumer({**config, "group.id": "cb-check", "enable.auto.commit": False})
-    try:
-        consumer.assign([TopicPartition(topic, 0, OFFSET_BEGINNING)])
-        messages: list[Any] = []
-        deadline = time.monotonic() + 30
-        while len(messages) < count:
-            assert time.monotonic() < deadline, f"only {len(messages)} of {count} records"
-            message = consumer.poll(0.2)
-            if message is not None:
-                assert message.error() is None, message.error()
-                messages.append(message)
-        return messages
-    finally:
-        consumer.close()
 
 
 def flushed(tansu: TansuBroker, topic: str) -> list[dict[str, Any]]:
@@ -109,13 +85,14 @@ def gateway(tansu: TansuBroker) -> Iterator[Gateway]:
 
 
 def test_counters_move_by_the_bytes_and_requests(tansu: TansuBroker, gateway: Gateway) -> None:
-    topic = create_topic(tansu, "cb-orders")
+    topic = "cb-orders"
+    create_topics(tansu, topic)
     produce_one_by_one(gateway, topic)
     expected = batch_sizes()
     assert sample(gateway, "gateway_chargeback_bytes_total", "in", topic, PRODUCER) == expected
     assert sample(gateway, "gateway_chargeback_requests_total", "in", topic, PRODUCER) == len(VALUES)
 
-    consume(through(gateway, **{"client.id": CONSUMER}), topic, len(VALUES))
+    read_count(through(gateway, **{"client.id": CONSUMER}), topic, len(VALUES))
     # the consumer fetched the very batches the producer wrote, each once
     assert wait_for(lambda: sample(gateway, "gateway_chargeback_bytes_total", "out", topic, CONSUMER) == expected)
     assert 1 <= sample(gateway, "gateway_chargeback_requests_total", "out", topic, CONSUMER) <= len(VALUES)
@@ -152,7 +129,8 @@ def test_the_chargeback_topic_has_one_partition(tansu: TansuBroker, gateway: Gat
 
 
 def test_the_last_window_is_flushed_when_the_gateway_stops(tansu: TansuBroker) -> None:
-    topic = create_topic(tansu, "cb-at-close")
+    topic = "cb-at-close"
+    create_topics(tansu, topic)
     usage_topic = "_usage-at-close"
     config = {"topicName": usage_topic, "flushIntervalInSecond": 3600}  # never periodically in this test
     with safeguards_gateway(tansu, [spec("usage", "chargeback", config)]) as gw:
