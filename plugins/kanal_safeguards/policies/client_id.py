@@ -33,12 +33,12 @@ from kanal.api import (
 )
 from kanal_safeguards.base import SafeguardInterceptor
 from kanal_safeguards.decisions import Action, Decisions, Violation
+from kanal_safeguards.templates import compile_template, connection_variables, variables
 
 __all__ = ["TEMPLATE_VARIABLES", "ClientIdPolicy", "ClientIdPolicyConfig", "render"]
 
 #: What a ``clientIdTemplate`` may use, each as ``{{name}}``.
 TEMPLATE_VARIABLES = ("userIp", "user", "clientId", "uuid", "vcluster")
-_VARIABLE = re.compile(r"\{\{\s*([A-Za-z]+)\s*\}\}")
 _UNCHECKED = frozenset({ApiKey.API_VERSIONS, ApiKey.SASL_HANDSHAKE, ApiKey.SASL_AUTHENTICATE, ApiKey.METADATA})
 _CHECKED = frozenset(int(k) for k in ApiKey if k not in _UNCHECKED)
 _SEEN = "client-id-policy.seen"  # connection.state: the client ids already decided on it
@@ -55,7 +55,7 @@ class ClientIdPolicyConfig(msgspec.Struct, forbid_unknown_fields=True, rename="c
         except re.error as exc:
             raise ValueError(f"namingConvention {self.naming_convention!r} is not a valid regex: {exc}") from None
         if self.client_id_template is not None:
-            unknown = [v for v in _VARIABLE.findall(self.client_id_template) if v not in TEMPLATE_VARIABLES]
+            unknown = [v for v in variables(self.client_id_template) if v not in TEMPLATE_VARIABLES]
             if unknown:
                 known = ", ".join(f"{{{{{v}}}}}" for v in TEMPLATE_VARIABLES)
                 raise ValueError(f"clientIdTemplate: unknown template variable {{{{{unknown[0]}}}}} (known: {known})")
@@ -67,18 +67,8 @@ class ClientIdPolicyConfig(msgspec.Struct, forbid_unknown_fields=True, rename="c
 
 def render(template: str, connection: Connection, client_id: str | None) -> str:
     """``template`` with its ``{{variables}}`` filled in for a request of ``connection``."""
-    values = {
-        "userIp": connection.client_address.rsplit(":", 1)[0].strip("[]"),
-        "user": connection.principal or "anonymous",
-        "clientId": client_id or "",
-        "vcluster": connection.vcluster or "",
-    }
-
-    def fill(match: re.Match[str]) -> str:
-        name = match.group(1)
-        return str(uuid.uuid4()) if name == "uuid" else values[name]
-
-    return _VARIABLE.sub(fill, template)
+    values = {**connection_variables(connection, client_id), "uuid": str(uuid.uuid4())}
+    return compile_template(template).format_map(values)
 
 
 class ClientIdPolicy(SafeguardInterceptor):

@@ -9,7 +9,6 @@ record (a record's headers share one). Topics the ``topic`` regex does not match
 
 from __future__ import annotations
 
-import re
 import socket
 import time
 import uuid
@@ -31,6 +30,7 @@ from kanal.api import (
     hookimpl,
 )
 from kanal_safeguards.base import TopicMatcher
+from kanal_safeguards.templates import compile_template, connection_variables, host, variables
 
 __all__ = ["TEMPLATE_VARIABLES", "HeaderInjection", "HeaderInjectionConfig"]
 
@@ -48,7 +48,6 @@ TEMPLATE_VARIABLES = (
     "apiKeyVersion",
     "timestampMillis",
 )
-_VARIABLE = re.compile(r"\{\{\s*([^{}]*?)\s*\}\}")
 _UUID = "\ue000"  # stands for {{uuid}} between the per-call rendering and the per-record one
 _Apply = Callable[[list[Record], Callable[[], Headers]], None]
 
@@ -70,27 +69,15 @@ class HeaderInjectionConfig(msgspec.Struct, forbid_unknown_fields=True, rename="
     override_if_exists: bool = False
 
 
-def _host(address: str) -> str:
-    """``host`` of ``host:port`` (``[::1]:9092`` gives ``::1``)."""
-    return address.rsplit(":", 1)[0].strip("[]")
-
-
 def _compile(name: str, template: str) -> str:
     """``template`` as a ``str.format_map`` pattern; refuses unknown variables, naming them."""
-    unknown = [v for v in _VARIABLE.findall(template) if v not in TEMPLATE_VARIABLES]
+    unknown = [v for v in variables(template) if v not in TEMPLATE_VARIABLES]
     if unknown:
-        names = ", ".join(dict.fromkeys("{{" + v + "}}" for v in unknown))
+        names = ", ".join("{{" + v + "}}" for v in unknown)
         known = ", ".join("{{" + v + "}}" for v in TEMPLATE_VARIABLES)
-        plural = "s" if len(set(unknown)) > 1 else ""
+        plural = "s" if len(unknown) > 1 else ""
         raise InterceptorConfigError(f"headers.{name}: unknown template variable{plural} {names} (known: {known})")
-    pieces: list[str] = []
-    pos = 0
-    for match in _VARIABLE.finditer(template):
-        pieces.append(template[pos : match.start()].replace("{", "{{").replace("}", "}}"))
-        pieces.append("{" + match.group(1) + "}")
-        pos = match.end()
-    pieces.append(template[pos:].replace("{", "{{").replace("}", "}}"))
-    return "".join(pieces)
+    return compile_template(template)
 
 
 class HeaderInjection(Interceptor):
@@ -105,7 +92,7 @@ class HeaderInjection(Interceptor):
         super().__init__(config, services)
         self._matches = TopicMatcher(config.topic)
         self._patterns = [(name, _compile(name, value)) for name, value in config.headers.items()]
-        self._templated = any(_VARIABLE.search(v) for v in config.headers.values())
+        self._templated = any(variables(v) for v in config.headers.values())
         self._per_record = any("{uuid}" in p for _, p in self._patterns)
         self._literal: Headers = [(n, v.encode()) for n, v in config.headers.items()]
         names = frozenset(config.headers)
@@ -151,12 +138,9 @@ class HeaderInjection(Interceptor):
 def _variables(connection: Connection, ctx: RecordsContext) -> dict[str, str]:
     """The template variables of one Produce partition batch (``{{uuid}}`` left for each record)."""
     return {
+        **connection_variables(connection, ctx.client_id),
         "uuid": _UUID,
-        "userIp": _host(connection.client_address),
-        "vcluster": connection.vcluster or "",
-        "user": connection.principal or "anonymous",
-        "clientId": ctx.client_id or "",
-        "gatewayIp": _host(connection.listener_address),
+        "gatewayIp": host(connection.listener_address),
         "gatewayHost": _GATEWAY_HOST,
         "gatewayVersion": _GATEWAY_VERSION,
         "apiKey": api_name(ctx.api_key),
