@@ -1,6 +1,7 @@
 from collections.abc import Mapping
 from typing import Any
 
+import msgspec
 import pytest
 
 from kanal.api import GatewayServices
@@ -26,6 +27,19 @@ class Recorder(Interceptor):
     def kanal_request(self, ctx: Any) -> Any:
         ctx.seen.append(self.tag)
         return Reject(87) if self.tag == "stop" else None
+
+
+class LimitConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    limit: int = 0
+    enabled: bool = False
+    name: str = ""
+
+
+class Limited(Interceptor):
+    """A typed config: numbers and flags read from placeholders arrive as strings."""
+
+    plugin_name = "limited"
+    config_type = LimitConfig
 
 
 class Catchall(Interceptor):
@@ -96,7 +110,7 @@ class EveryTopic(Interceptor):
 class Plugin:
     @hookimpl
     def kanal_interceptor_types(self) -> list[type[Interceptor]]:
-        return [Recorder, Catchall, BadHook, FetchWatcher, OnDemand, Orders, EveryTopic]
+        return [Recorder, Limited, Catchall, BadHook, FetchWatcher, OnDemand, Orders, EveryTopic]
 
 
 @pytest.fixture
@@ -317,7 +331,7 @@ def test_configure_is_all_or_nothing(pipeline: Pipeline) -> None:
 def test_unknown_plugin_lists_the_known_ones(pipeline: Pipeline) -> None:
     with pytest.raises(
         InterceptorConfigError,
-        match=r"unknown plugin 'nope'.*catchall, every-topic, fetch-watcher, on-demand, orders, recorder",
+        match=r"unknown plugin 'nope'.*catchall, every-topic, fetch-watcher, limited, on-demand, orders, recorder",
     ):
         pipeline.configure([InterceptorSpec(name="x", plugin="nope")])
 
@@ -403,3 +417,17 @@ def test_placeholders_in_an_interceptor_config_read_the_gateways_environment() -
     unset = r"interceptor 'b' \(recorder\): config.tag: environment variable MISSING"
     with pytest.raises(InterceptorConfigError, match=unset):
         pipeline.configure([spec("b", tag="${MISSING}")])
+
+
+def test_placeholders_fill_numbers_and_flags_of_a_typed_config() -> None:
+    registry = PluginRegistry()
+    registry.register(Plugin(), "test-plugin")
+    pipeline = Pipeline(registry, lambda plugin: FakeServices(), environ={"LIMIT": "1048576", "NAME": "7"})
+    limited = InterceptorSpec(
+        name="a", plugin="limited", config={"limit": "${LIMIT}", "enabled": "${ON|true}", "name": "${NAME}"}
+    )
+    pipeline.configure([limited])
+    (instance,) = pipeline.instances()
+    assert instance.config == LimitConfig(limit=1048576, enabled=True, name="7")
+    with pytest.raises(InterceptorConfigError, match=r"\(limited\): limit: Expected `int`, got `str`"):
+        pipeline.configure([InterceptorSpec(name="b", plugin="limited", config={"limit": "${ROWS|lots}"})])

@@ -81,9 +81,13 @@ class Interceptor:
         return None
 
 
-def validate_config(cls: type[Interceptor], config: Mapping[str, Any]) -> Any:
+def validate_config(cls: type[Interceptor], config: Mapping[str, Any], *, expanded: bool = False) -> Any:
     """The config an interceptor of type ``cls`` is constructed with; raises
-    :class:`InterceptorConfigError` naming the field at fault."""
+    :class:`InterceptorConfigError` naming the field at fault.
+
+    ``expanded``: ``${VAR}`` placeholders were expanded in ``config``. They always expand to
+    strings, so a typed config then reads a number or flag from its text; without placeholders
+    a quoted number stays an error."""
     if cls.config_type is not None:
         known = _field_names(cls.config_type)
         if known is not None:
@@ -92,6 +96,11 @@ def validate_config(cls: type[Interceptor], config: Mapping[str, Any]) -> Any:
                 raise InterceptorConfigError(f"{unknown[0]}: unknown key (expected {', '.join(sorted(known))})")
         try:
             return msgspec.convert(dict(config), cls.config_type, str_keys=True)
+        except msgspec.ValidationError as exc:
+            if not expanded:
+                raise InterceptorConfigError(_msgspec_message(str(exc))) from exc
+        try:
+            return msgspec.convert(dict(config), cls.config_type, str_keys=True, strict=False)
         except msgspec.ValidationError as exc:
             raise InterceptorConfigError(_msgspec_message(str(exc))) from exc
     if cls.config_schema is not None:

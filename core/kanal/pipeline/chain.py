@@ -79,7 +79,8 @@ def check(spec: InterceptorSpec, registry: PluginRegistry, environ: Mapping[str,
         known = ", ".join(sorted(registry.interceptor_types())) or "none installed"
         raise InterceptorConfigError(f"interceptor {spec.name!r}: unknown plugin {spec.plugin!r} (known: {known})")
     try:
-        return cls, validate_config(cls, expand_placeholders(dict(spec.config), environ, "config"))
+        config = expand_placeholders(dict(spec.config), environ, "config")
+        return cls, validate_config(cls, config, expanded=config != spec.config)
     except ConfigError as exc:
         raise InterceptorConfigError(f"interceptor {spec.name!r} ({spec.plugin}): {exc.key}: {exc.problem}") from exc
     except InterceptorConfigError as exc:
