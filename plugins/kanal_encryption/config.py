@@ -14,6 +14,11 @@ An encryption config names what to encrypt per part of a record::
       payload: {keyId: keys}                # ... or the whole key / value / matching headers
 
 or, without a connection, an inline ``kmsConfig`` and ``keySecretId`` URIs (``vault-kms://...``).
+
+The gateway KMS (crypto shredding) is set one of two ways: the ``gateway`` block beside
+``kmsConnectionName`` (fields name a bare ``keyId``), or inline, ``kmsConfig.gateway`` with
+``masterKeyId`` a KMS key URI (fields name ``keySecretId: gateway-kms://<keyId>``); the inline
+``kmsConfig`` is parsed by :func:`kanal_encryption.kms.inline.parse_kms_config`.
 """
 
 from __future__ import annotations
@@ -70,7 +75,8 @@ class HeaderSpec(msgspec.Struct, forbid_unknown_fields=True, rename="camel"):
 class GatewayBlock(msgspec.Struct, forbid_unknown_fields=True, rename="camel"):
     """The gateway KMS (crypto shredding), beside ``kmsConnectionName``: the gateway makes one key
     per key id (a field's ``keyId``, templates rendered), wraps it with ``masterKeyId`` of the
-    connection and keeps it in its keys topic; deleting a key id there shreds what it encrypted."""
+    connection and keeps it in its keys topic; deleting a key id there shreds what it encrypted.
+    Without a connection, the same block goes in ``kmsConfig.gateway`` (its master a key URI)."""
 
     #: The connection's key (a bare keyId, no template) wrapping the gateway's keys.
     master_key_id: str
@@ -91,6 +97,7 @@ class SchemaRegistryBlock(msgspec.Struct, forbid_unknown_fields=True, rename="ca
 class EncryptionConfig(msgspec.Struct, forbid_unknown_fields=True, rename="camel"):
     topic: str = ".*"
     kms_connection_name: str | None = None
+    #: Inline KMS blocks (``vault``, ``aws``, ``azure``, ``gcp``, ``gateway``) and ``keyTtlMs``.
     kms_config: dict[str, Any] | None = None
     #: The gateway KMS: fields' keyIds are then the gateway's keys, wrapped by the connection's master key.
     gateway: GatewayBlock | None = None
@@ -113,6 +120,7 @@ class EncryptionConfig(msgspec.Struct, forbid_unknown_fields=True, rename="camel
 class DecryptionConfig(msgspec.Struct, forbid_unknown_fields=True, rename="camel"):
     topic: str = ".*"
     kms_connection_name: str | None = None
+    #: Inline KMS blocks, as the encryption's (``gateway`` too, to read its ``gateway-kms://`` keys).
     kms_config: dict[str, Any] | None = None
     #: The gateway KMS (the same block as the encryption's) to read ``gateway-kms://`` keys.
     gateway: GatewayBlock | None = None

@@ -12,6 +12,12 @@ key of the gateway KMS instead (:mod:`kanal_encryption.kms.gateway`): made by th
 wrapped by the connection's ``gateway.masterKeyId``; the envelope keeps ``gateway-kms://<keyId>``,
 which a decrypter with the same ``gateway`` block finds. Such key ids are free text (a record key,
 an e-mail address...): any characters but control ones, up to 1024.
+
+The gateway KMS also has an inline form, without a connection: ``kmsConfig.gateway.masterKeyId`` is
+another KMS's key URI (its block in the same ``kmsConfig``), and fields name gateway keys with
+``keySecretId: gateway-kms://<keyId>`` beside other inline URIs. Both forms are one
+:class:`~kanal_encryption.kms.gateway.GatewayKms` over the gateway's keys topic, and their envelopes
+keep the same ``gateway-kms://<keyId>``, so the admin API's deletion shreds either.
 """
 
 from __future__ import annotations
@@ -26,7 +32,7 @@ from .kms.base import Kms
 from .kms.connections import KmsConnection, normalize
 from .kms.factory import KmsPool
 from .kms.gateway import GatewayKms
-from .kms.inline import InlineKmsConfig, check_key_name, parse_key_secret_id, resolve_key
+from .kms.inline import GatewayInline, InlineKmsConfig, check_key_name, parse_key_secret_id, resolve_key
 from .kms.keystore import GATEWAY_KMS, KeyStore
 
 __all__ = ["CONNECTION", "GATEWAY_KMS", "KeyLocation", "Locator", "check_gateway_key_id"]
@@ -71,23 +77,45 @@ class Locator:
         self._refs: dict[tuple[int, str], str] = {}
         self._used: dict[str, tuple[Kms, str]] = {}
         self.gateway: GatewayKms | None = None
+        # a bare keyId names a gateway key (the gateway block beside kmsConnectionName); otherwise
+        # gateway keys, if any, are the keySecretIds gateway-kms://... (kmsConfig.gateway)
+        self._bare_gateway = gateway is not None
+        inline_gateway = None if inline is None else inline.gateway
+        if gateway is not None and inline_gateway is not None:
+            raise InterceptorConfigError(
+                "gateway: the gateway KMS is set twice: keep the gateway block (beside kmsConnectionName, "
+                "bare keyIds) or kmsConfig.gateway (inline, gateway-kms:// keySecretIds), not both"
+            )
         if gateway is not None:
             self.gateway = self._gateway(gateway, store)
+        elif inline is not None and inline_gateway is not None:
+            self.gateway = self._inline_gateway(inline_gateway, inline, store)
 
     def _gateway(self, block: GatewayBlock, store: Callable[[], KeyStore] | None) -> GatewayKms:
         if self._connection is None:
             raise InterceptorConfigError(
-                "gateway: the gateway KMS needs kmsConnectionName (the KMS connection holding gateway.masterKeyId)"
+                "gateway: the gateway KMS needs kmsConnectionName (the KMS connection holding gateway.masterKeyId);"
+                " without a connection, put the block in kmsConfig.gateway with masterKeyId a KMS key URI"
             )
         check_key_name(block.master_key_id, templates=False, where="gateway.masterKeyId")
         if block.max_keys < 1:
             raise InterceptorConfigError(f"gateway.maxKeys: expected a positive number, got {block.max_keys}")
-        if store is None:
-            raise InterceptorConfigError("gateway: the gateway KMS is not available here (no keys topic)")
         master = self._pool.get(self._connection.kind, self._connection.settings)
         assert isinstance(master, Kms)
         master_ref = f"{CONNECTION}{normalize(self._connection.name)}/{block.master_key_id}"
-        return GatewayKms(store(), master, block.master_key_id, master_ref=master_ref, max_keys=block.max_keys)
+        keys = _keystore(store, "gateway")
+        return GatewayKms(keys, master, block.master_key_id, master_ref=master_ref, max_keys=block.max_keys)
+
+    def _inline_gateway(
+        self, block: GatewayInline, inline: InlineKmsConfig, store: Callable[[], KeyStore] | None
+    ) -> GatewayKms:
+        """The gateway KMS of ``kmsConfig.gateway``: its master is an inline key (the KMS block was
+        checked with the config), recorded in the keys topic by its URI."""
+        master, key_id = resolve_key(block.master, inline, self._pool, where="kmsConfig.gateway.masterKeyId")
+        if not isinstance(master, Kms):  # (parse_kms_config refuses Transform roles already)
+            raise InterceptorConfigError(f"kmsConfig.gateway.masterKeyId: {block.master.uri!r} cannot wrap keys")
+        keys = _keystore(store, "kmsConfig.gateway")
+        return GatewayKms(keys, master, key_id, master_ref=block.master.uri, max_keys=block.max_keys)
 
     def _named(self, name: str, where: str) -> KmsConnection:
         found = self._connections.get(normalize(name))
@@ -103,7 +131,7 @@ class Locator:
     def check(self, key_id: str | None, key_secret_id: str | None, where: str) -> str:
         """The key text of a field or payload as configured (templates kept); InterceptorConfigError
         when it names no key, both kinds, or one the config cannot reach."""
-        if self.gateway is not None:
+        if self._bare_gateway:
             if key_id is None or key_secret_id is not None:
                 raise InterceptorConfigError(
                     f"{where}: with a gateway block, name the key with keyId (not keySecretId)"
@@ -111,8 +139,11 @@ class Locator:
             return check_gateway_key_id(key_id, where=f"{where}.keyId")
         if self._connection is not None:
             if key_id is None or key_secret_id is not None:
+                hint = ""
+                if key_secret_id is not None and key_secret_id.startswith(GATEWAY_KMS):
+                    hint = "; gateway KMS keys beside a connection: the gateway block, fields naming a bare keyId"
                 raise InterceptorConfigError(
-                    f"{where}: with kmsConnectionName, name the key with keyId (not keySecretId)"
+                    f"{where}: with kmsConnectionName, name the key with keyId (not keySecretId){hint}"
                 )
             check_key_name(key_id, where=f"{where}.keyId")
             return key_id
@@ -120,6 +151,14 @@ class Locator:
             raise InterceptorConfigError(
                 f"{where}: name the key with keySecretId (a KMS URI), or set kmsConnectionName"
             )
+        if key_secret_id.startswith(GATEWAY_KMS):
+            if self.gateway is None:
+                raise InterceptorConfigError(
+                    f"{where}.keySecretId: {key_secret_id!r} is a gateway KMS key: set kmsConfig.gateway "
+                    "(masterKeyId: the KMS key URI wrapping the gateway's keys, with that KMS's block)"
+                )
+            check_gateway_key_id(key_secret_id[len(GATEWAY_KMS) :], where=f"{where}.keySecretId")
+            return key_secret_id
         parse_key_secret_id(key_secret_id, where=f"{where}.keySecretId")
         return key_secret_id
 
@@ -152,7 +191,8 @@ class Locator:
         return self._used.get(key_ref)
 
     def _locate(self, text: str) -> KeyLocation:
-        if self.gateway is not None:
+        if self._bare_gateway:
+            assert self.gateway is not None
             check_gateway_key_id(text)
             return KeyLocation(self.gateway, text, GATEWAY_KMS + text)
         if self._connection is not None:
@@ -160,6 +200,11 @@ class Locator:
             kms = self._pool.get(self._connection.kind, self._connection.settings)
             assert isinstance(kms, Kms)
             return KeyLocation(kms, text, f"{CONNECTION}{normalize(self._connection.name)}/{text}")
+        if text.startswith(GATEWAY_KMS):  # (a keySecretId's scheme is never a template: check() saw it)
+            if self.gateway is None:
+                raise InterceptorConfigError(f"{text!r}: a gateway KMS key, and no kmsConfig.gateway to reach it with")
+            key_id = check_gateway_key_id(text[len(GATEWAY_KMS) :], where="keySecretId")
+            return KeyLocation(self.gateway, key_id, text)
         if self._inline is None:
             raise InterceptorConfigError(f"{text!r}: no kmsConfig to reach it with")
         kms, key_id = resolve_key(text, self._inline, self._pool)
@@ -177,7 +222,8 @@ class Locator:
         if key_ref.startswith(GATEWAY_KMS):
             if self.gateway is None:
                 raise InterceptorConfigError(
-                    f"{key_ref!r}: a gateway KMS key: set the gateway block (gateway.masterKeyId) and kmsConnectionName"
+                    f"{key_ref!r}: a gateway KMS key: set kmsConfig.gateway (masterKeyId: a KMS key URI), or the"
+                    " gateway block (gateway.masterKeyId) and kmsConnectionName"
                 )
             return self.gateway, key_ref[len(GATEWAY_KMS) :]
         if key_ref.startswith(CONNECTION):
@@ -191,3 +237,10 @@ class Locator:
         kms, key_id = resolve_key(key_ref, self._inline, self._pool)
         assert isinstance(kms, Kms)
         return kms, key_id
+
+
+def _keystore(store: Callable[[], KeyStore] | None, where: str) -> KeyStore:
+    """The gateway's keys topic, which only a gateway (not a config check alone) has."""
+    if store is None:
+        raise InterceptorConfigError(f"{where}: the gateway KMS is not available here (no keys topic)")
+    return store()

@@ -3,9 +3,12 @@ shredding.
 
 An external KMS holds a handful of keys; shredding one user's data needs a key per user (per record
 key, per template value). The gateway KMS makes those keys itself: per key id a key encryption key
-(KEK, 32 random bytes) wrapped by a master key of a KMS connection (``gateway.masterKeyId``) and kept
-in the keys topic (:mod:`kanal_encryption.kms.keystore`). ``wrap`` encrypts a DEK with the key id's
-KEK (AES-256-GCM); the EDEK names the KEK by its uuid::
+(KEK, 32 random bytes) wrapped by a master key and kept in the keys topic
+(:mod:`kanal_encryption.kms.keystore`). The master is any other KMS's key: a key of a KMS connection
+(``gateway.masterKeyId`` beside ``kmsConnectionName``) or an inline key URI
+(``kmsConfig.gateway.masterKeyId``); :class:`kanal_encryption.keys.Locator` builds either, and this
+class does not tell them apart (``master_ref``, what the keys topic records, names the master).
+``wrap`` encrypts a DEK with the key id's KEK (AES-256-GCM); the EDEK names the KEK by its uuid::
 
     0x01 | KEK uuid (16 bytes) | nonce (12 bytes) | AES-256-GCM(DEK, aad = key id 0x00 uuid)
 

@@ -9,6 +9,12 @@ A ``keySecretId`` names the KMS and the key in one URI (the KMS's credentials co
     azure-kms://<vault>.vault.azure.net/keys/<name>[/<version>]
     gcp-kms://projects/<p>/locations/<l>/keyRings/<r>/cryptoKeys/<k>
     in-memory-kms://<key>
+    gateway-kms://<key id>                              the gateway KMS (crypto shredding)
+
+A ``gateway-kms://`` key is made by the gateway itself, per key id (free text, templates allowed),
+and wrapped by the master key of ``kmsConfig.gateway`` (``masterKeyId``: any other KMS's key URI,
+whose block is in the same ``kmsConfig``). It is parsed here (:func:`parse_kms_config`) and resolved
+by :class:`kanal_encryption.keys.Locator`, which holds the gateway's keys topic.
 
 Key names (a Vault key or role, an Azure key, an in-memory key) start with a letter, then letters,
 digits, ``_`` and ``-``. A key id may hold ``{{...}}`` templates (``{{record.topic}}``): they are
@@ -36,7 +42,10 @@ from kanal_encryption.kms.vault_client import AUTH_TYPES, VaultAuth, VaultSettin
 
 __all__ = [
     "DEFAULT_KEY_TTL_MS",
+    "DEFAULT_MAX_GATEWAY_KEYS",
+    "GATEWAY_SCHEME",
     "SCHEMES",
+    "GatewayInline",
     "InlineKmsConfig",
     "KeySecretId",
     "ResolvedKey",
@@ -49,6 +58,10 @@ __all__ = [
 
 SCHEMES: Final = ("vault-kms", "vault-transform", "aws-kms", "azure-kms", "gcp-kms", "in-memory-kms")
 DEFAULT_KEY_TTL_MS: Final = 3_600_000
+#: The gateway KMS's scheme: its keys are resolved by the locator, not by :func:`resolve_key`.
+GATEWAY_SCHEME: Final = "gateway-kms"
+#: Unwrapped gateway KEKs kept in memory per interceptor, unless ``kmsConfig.gateway.maxKeys`` says.
+DEFAULT_MAX_GATEWAY_KEYS: Final = 1_000_000
 KEY_NAME: Final = re.compile(r"[A-Za-z][A-Za-z0-9_-]*")
 TEMPLATE: Final = re.compile(r"\{\{[^{}/]*\}\}")
 _AUTHORITY: Final = re.compile(r"[A-Za-z0-9._\-\[\]:]+")
@@ -165,6 +178,15 @@ class AzureInline:
 
 
 @dataclass(frozen=True)
+class GatewayInline:
+    """``kmsConfig.gateway``: the gateway KMS (``gateway-kms://`` keys), its KEKs wrapped by
+    ``master``, a key of another KMS of the same ``kmsConfig`` (so no KMS connection is needed)."""
+
+    master: KeySecretId
+    max_keys: int = DEFAULT_MAX_GATEWAY_KEYS
+
+
+@dataclass(frozen=True)
 class InlineKmsConfig:
     """A parsed ``kmsConfig`` (a block per KMS used, each optional) and the DEK cache TTL."""
 
@@ -172,6 +194,7 @@ class InlineKmsConfig:
     aws: AwsSettings | None = None
     azure: AzureInline | None = None
     gcp: GcpSettings | None = None
+    gateway: GatewayInline | None = None
     key_ttl_ms: int = DEFAULT_KEY_TTL_MS
 
 
@@ -326,19 +349,46 @@ def _gcp(value: Any, where: str) -> GcpSettings:
     )
 
 
+def _gateway(value: Any, where: str) -> GatewayInline:
+    """``kmsConfig.gateway``; its master's KMS block is checked by :func:`parse_kms_config`."""
+    b = _Block(value, where, ("masterKeyId", "maxKeys"))
+    uri = b.text("masterKeyId", required=True) or ""
+    at = f"{where}.masterKeyId"
+    if uri.startswith(f"{GATEWAY_SCHEME}://"):
+        raise _fail(at, f"{uri!r}: the gateway KMS's master key is a key of another KMS, not a gateway one")
+    if "://" not in uri:
+        raise _fail(
+            at,
+            f"{uri!r} is not a KMS key URI: inline, the master key is named by its URI "
+            f"({_EXAMPLES['vault-kms']}, {_EXAMPLES['aws-kms']}...); a bare key name of a KMS "
+            "connection goes in the gateway block beside kmsConnectionName",
+        )
+    master = parse_key_secret_id(uri, templates=False, where=at)
+    if master.kind == "vault-transform":
+        raise _fail(at, f"{uri!r} is a Transform (tokenization) role, not a key that can wrap keys")
+    max_keys = b.number("maxKeys", DEFAULT_MAX_GATEWAY_KEYS)
+    if max_keys < 1:
+        raise _fail(f"{where}.maxKeys", f"expected a positive number, got {max_keys}")
+    return GatewayInline(master, max_keys)
+
+
 def parse_kms_config(config: Mapping[str, Any] | None, where: str = "kmsConfig") -> InlineKmsConfig:
     """The parsed ``kmsConfig`` (None or empty: defaults); InterceptorConfigError naming the key."""
     if not config:
         return InlineKmsConfig()
     b = _Block(config, where, ("vault", "aws", "azure", "gcp", "gateway", "keyTtlMs"))
     value = b.value
-    return InlineKmsConfig(
+    parsed = InlineKmsConfig(
         vault=_vault(value["vault"], f"{where}.vault") if value.get("vault") is not None else None,
         aws=_aws(value["aws"], f"{where}.aws") if value.get("aws") is not None else None,
         azure=_azure(value["azure"], f"{where}.azure") if value.get("azure") is not None else None,
         gcp=_gcp(value["gcp"], f"{where}.gcp") if value.get("gcp") is not None else None,
+        gateway=_gateway(value["gateway"], f"{where}.gateway") if value.get("gateway") is not None else None,
         key_ttl_ms=b.number("keyTtlMs", DEFAULT_KEY_TTL_MS),
     )
+    if parsed.gateway is not None:  # the master's KMS block must be here too (refused now, not per record)
+        settings_for(parsed.gateway.master, parsed, f"{where}.gateway.masterKeyId")
+    return parsed
 
 
 class ResolvedKey(NamedTuple):
