@@ -1,5 +1,5 @@
-"""Where the ``large-message`` interceptor keeps the values it takes out of Kafka: the store
-protocol, its errors, and the local-directory store (for development).
+"""Where the claim-check interceptors (``large-message``, ``large-batch``) keep what they take out
+of Kafka: the store protocol, its errors, and the local-directory store (for development).
 
 Object keys are made by the interceptor (``<topic>/<partition>/<32 hex digits>``) and checked by
 :func:`valid_key` before any store sees one, so a key never escapes its directory or bucket.

@@ -1,4 +1,4 @@
-"""A small S3 client for the ``large-message`` interceptor: PUT, GET and DELETE of one object,
+"""A small S3 client for the claim-check interceptors: PUT, GET and DELETE of one object,
 signed with botocore's SigV4 signer and sent with httpx.
 
 Only the signer comes from botocore: its client is synchronous, and the gateway must not block its
