@@ -4,34 +4,53 @@ fetch sizes, wait time, Fetch API version).
 Every rule is a property of the request, so a BLOCK rejects the whole Fetch with POLICY_VIOLATION
 on every partition: the consumer backs off and fetches again (its log shows the error), and the
 audit log records each refusal.
+
+A Fetch of an incremental fetch session (KIP-227) lists only what changed, yet fetches every topic
+of its session: the policy keeps each connection's sessions (:mod:`.fetch_sessions`) and checks a
+Fetch when a topic it lists or its session holds matches. An incremental Fetch of a session the
+policy did not see open (it was opened before the policy applied to the connection) is answered
+FETCH_SESSION_ID_NOT_FOUND, as a broker that lost the session would: the client opens a new one.
 """
 
 from __future__ import annotations
 
+import itertools
 from typing import Annotated, Any, ClassVar
 
 import msgspec
 
 from kanal.api import (
     ApiKey,
+    Connection,
     ErrorCode,
     GatewayServices,
     InterceptorConfigError,
     Reject,
     RequestContext,
     RequestResult,
+    Respond,
     ResponseContext,
     ResponseResult,
     hookimpl,
 )
 from kanal_safeguards.base import SafeguardInterceptor, TopicMatcher, check_actions, with_throttle
 from kanal_safeguards.decisions import Action, Decisions, Violation
+from kanal_safeguards.policies.fetch_sessions import (
+    FetchSessions,
+    Session,
+    forgotten_topics,
+    listed_topics,
+    session_not_found,
+)
 from kanal_safeguards.rules import RangeRule, ValueRule
 
-__all__ = ["FetchPolicy", "FetchPolicyConfig", "fetch_topic_names"]
+__all__ = ["FetchPolicy", "FetchPolicyConfig"]
 
 #: Fetch's ``isolation_level`` byte, as operators name it.
 ISOLATION_LEVELS: dict[int, str] = {0: "read_uncommitted", 1: "read_committed"}
+
+_OPENING = "opening"  # notes: the topics of a Fetch that asks for a session (its response names it)
+_INSTANCES = itertools.count(1)  # connection.state keys: one per instance, never reused
 
 
 class FetchPolicyConfig(msgspec.Struct, forbid_unknown_fields=True, rename="camel", kw_only=True):
@@ -45,18 +64,6 @@ class FetchPolicyConfig(msgspec.Struct, forbid_unknown_fields=True, rename="came
     max_wait_ms: RangeRule | None = None
     version: RangeRule | None = None
     throttle_time_ms: Annotated[int, msgspec.Meta(ge=0)] = 100
-
-
-async def fetch_topic_names(ctx: RequestContext) -> list[str | None]:
-    """The topic names of a Fetch request (v13+ names topics by id; None for an unknown one)."""
-    names: list[str | None] = []
-    for topic in ctx.request.topics:
-        name = getattr(topic, "topic", None)
-        topic_id = getattr(topic, "topic_id", None)
-        if name is None and topic_id is not None:
-            name = ctx.topic_names.name(topic_id) or await ctx.topic_names.resolve(topic_id)
-        names.append(name)
-    return names
 
 
 class FetchPolicy(SafeguardInterceptor):
@@ -94,10 +101,19 @@ class FetchPolicy(SafeguardInterceptor):
             raise InterceptorConfigError(f"rackIdRequired.value: expected true or false, got {value!r}")
         self._matches = TopicMatcher(c.topic)
         self._may_throttle = any(rule is not None and rule.action is Action.THROTTLE for rule in rules.values())
+        self._rules = any(rule is not None for rule in rules.values())
+        # connection.state: this instance's FetchSessions (a key per instance: one configured later
+        # has not seen the sessions opened before it)
+        self._state_key = f"fetch-policy.sessions.{next(_INSTANCES)}"
 
     @hookimpl
     async def kanal_request(self, ctx: RequestContext) -> RequestResult:
-        matching = sorted({n for n in await fetch_topic_names(ctx) if n is not None and self._matches(n)})
+        if not self._rules:
+            return None
+        fetched = await self._fetched_topics(ctx)
+        if fetched is None:
+            return Respond(session_not_found(ctx.api_version))
+        matching = sorted({n for n in fetched if n is not None and self._matches(n)})
         if not matching:
             return None
         decisions = Decisions()
@@ -115,9 +131,47 @@ class FetchPolicy(SafeguardInterceptor):
 
     @hookimpl
     def kanal_response(self, ctx: ResponseContext) -> ResponseResult:
+        opening: Session | None = ctx.notes.get(_OPENING)
+        if opening is not None:
+            session_id = int(getattr(ctx.response, "session_id", 0))
+            if session_id > 0 and int(getattr(ctx.response, "error_code", 0)) == 0:
+                self._sessions(ctx.connection).open(session_id, opening)
         if ctx.notes.get("throttle"):
             ctx.response = with_throttle(ctx.response, self.config.throttle_time_ms)
         return None
+
+    @hookimpl
+    def kanal_connection_closed(self, connection: Connection) -> None:
+        connection.state.pop(self._state_key, None)
+
+    async def _fetched_topics(self, ctx: RequestContext) -> set[str | None] | None:
+        """The names of the topics a Fetch fetches: those it lists, and for an incremental Fetch
+        those of its session (which it updates); None for an incremental Fetch of a session not
+        known here. A Fetch that asks for a session has its response decoded, to learn the id."""
+        request = ctx.request
+        listed = await listed_topics(ctx)
+        names = {topic.name for topic in listed.values()}
+        session_id = int(getattr(request, "session_id", 0))
+        epoch = int(getattr(request, "session_epoch", -1))
+        if epoch > 0:
+            session = self._sessions(ctx.connection).incremental(session_id, listed, forgotten_topics(request))
+            if session is None:
+                return None
+            names.update(topic.name for topic in session.values())
+            return names
+        if session_id != 0 and self._state_key in ctx.connection.state:
+            self._sessions(ctx.connection).close(session_id)
+        if epoch == 0:
+            ctx.notes[_OPENING] = listed
+            ctx.want_response()
+        return names
+
+    def _sessions(self, connection: Connection) -> FetchSessions:
+        """This instance's view of the connection's fetch sessions (created on first use)."""
+        sessions: FetchSessions | None = connection.state.get(self._state_key)
+        if sessions is None:
+            sessions = connection.state[self._state_key] = FetchSessions()
+        return sessions
 
     def _violations(self, request: Any, version: int) -> list[Violation | None]:
         c = self.config
