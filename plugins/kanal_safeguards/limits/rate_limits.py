@@ -61,7 +61,7 @@ class LimitBy(enum.Enum):
     """Whose bytes share a bucket."""
 
     RULE = "RULE"  # every client in the interceptor's scope
-    PRINCIPAL = "PRINCIPAL"  # each principal (the anonymous clients share one)
+    PRINCIPAL = "PRINCIPAL"  # each principal of each virtual cluster (the anonymous clients share one)
     VCLUSTER = "VCLUSTER"  # each virtual cluster (the passthrough clients share one)
 
 
@@ -77,7 +77,9 @@ def _rule_key(connection: Connection) -> Hashable:
 
 
 def _principal_key(connection: Connection) -> Hashable:
-    return connection.principal
+    """A principal is a name within its virtual cluster: ``app`` of two tenants is two accounts,
+    and one tenant's traffic must not throttle the other's."""
+    return (connection.vcluster, connection.principal)
 
 
 def _vcluster_key(connection: Connection) -> Hashable:
@@ -89,7 +91,22 @@ _KEYS: dict[LimitBy, Callable[[Connection], Hashable]] = {
     LimitBy.PRINCIPAL: _principal_key,
     LimitBy.VCLUSTER: _vcluster_key,
 }
-_WHOSE = {LimitBy.RULE: "", LimitBy.PRINCIPAL: " for principal", LimitBy.VCLUSTER: " for virtual cluster"}
+
+
+def _whose(limit_by: LimitBy, connection: Connection) -> tuple[str | None, str]:
+    """The bucket as the audit event names it (``bucket``: the principal or the virtual cluster,
+    None for the rule) and the end of its reason."""
+    principal, vcluster = connection.principal, connection.vcluster
+    if limit_by is LimitBy.PRINCIPAL:
+        who = "anonymous clients" if principal is None else f"principal {principal!r}"
+        where = "" if vcluster is None else f" in virtual cluster {vcluster!r}"
+        return principal, f" for {who}{where}"
+    if limit_by is LimitBy.VCLUSTER:
+        return (
+            vcluster,
+            " for clients in no virtual cluster" if vcluster is None else f" for virtual cluster {vcluster!r}",
+        )
+    return None, ""
 
 
 def _max_hold(services: GatewayServices) -> float:
@@ -156,8 +173,8 @@ class _ByteRateLimit(SafeguardInterceptor):
         if not self.audits.take(key):
             return
         limit = self.config.maximum_bytes_per_second
-        whose = _WHOSE[self.config.limit_by]
-        reason = f"{self.what} over {limit} bytes per second{whose}{f' {key!r}' if whose else ''}."
+        bucket, whose = _whose(self.config.limit_by, connection)
+        reason = f"{self.what} over {limit} bytes per second{whose}."
         action = self.config.action
         decisions = Decisions([Violation(reason, action, "maximumBytesPerSecond", limit)])
         self.audit(
@@ -165,7 +182,7 @@ class _ByteRateLimit(SafeguardInterceptor):
             connection,
             level="ERROR" if self.enforce else "WARNING",
             limitBy=self.config.limit_by.value,
-            bucket=key,
+            bucket=bucket,
             throttleTimeMs=self.throttle_ms(debt) if self.enforce else 0,
         )
 
