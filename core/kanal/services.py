@@ -178,6 +178,10 @@ class PluginServices(GatewayServices):
     def acls(self) -> GatewayAcls | None:
         return self._core.acls
 
+    @property
+    def hook_timeout(self) -> float:
+        return self._core.gateway_settings.hook_timeout_ms / 1000
+
     def settings(self, prefix: str) -> Mapping[str, str]:
         return {key: value for key, value in self._core.environ.items() if key.startswith(prefix)}
 

@@ -159,8 +159,10 @@ class FakeServices:
         topic_names: Mapping[uuid.UUID, str] | None = None,
         identities: Identities | None = None,
         acls: GatewayAcls | None = None,
+        hook_timeout: float = 10.0,
     ) -> None:
         self._cluster_id = cluster_id
+        self._hook_timeout = hook_timeout
         self._acls = acls
         self._identities = identities if identities is not None else FakeIdentities()
         self.environ = dict(settings or {})
@@ -197,6 +199,10 @@ class FakeServices:
     @property
     def identities(self) -> Identities:
         return self._identities
+
+    @property
+    def hook_timeout(self) -> float:
+        return self._hook_timeout
 
     @property
     def acls(self) -> GatewayAcls | None:
@@ -261,7 +267,7 @@ class Harness:
         connection: Connection | None = None,
         hook_timeout: float = 10.0,
     ) -> None:
-        self.services = services if services is not None else FakeServices()
+        self.services = services if services is not None else FakeServices(hook_timeout=hook_timeout)
         self.connection = connection or Connection(1, "127.0.0.1:50000", "127.0.0.1:6969", 0, client_id="test")
         self.hook_timeout = hook_timeout
         self._items: list[Configured] = []

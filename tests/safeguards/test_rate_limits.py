@@ -329,7 +329,7 @@ def test_virtual_clusters_have_their_own_buckets_and_rule_shares_one() -> None:
 def test_holds_stop_under_the_hook_deadline() -> None:
     """A debt longer than the hook deadline would close the connection: holds and throttle times
     stop at 80% of it."""
-    services = FakeServices(settings={"GATEWAY_HOOK_TIMEOUT_MS": "2000"})
+    services = FakeServices(hook_timeout=2.0)
     harness = Harness(services=services)
     policy = harness.add(ProducerRateLimiting, {"maximumBytesPerSecond": 100})
     assert isinstance(policy, ProducerRateLimiting)

@@ -172,6 +172,12 @@ class GatewayServices(Protocol):
         """The ACLs the gateway enforces on its passthrough cluster, or None when it enforces none
         (``GATEWAY_ACL_ENABLED`` unset: the cluster's own ACLs, if any, are the ones that count)."""
 
+    @property
+    def hook_timeout(self) -> float:
+        """Seconds a hook may run before the core fails its request and closes the connection
+        (``GATEWAY_HOOK_TIMEOUT_MS``, from the environment or the config file): an interceptor that
+        holds requests back, a rate limiter, keeps its holds under it."""
+
     def settings(self, prefix: str) -> Mapping[str, str]:
         """The gateway's environment variables that start with ``prefix`` (``"DATA_QUALITY_"``).
         Plugins read their settings here, not from ``os.environ``, so tests and fleets can set them."""

@@ -54,7 +54,6 @@ __all__ = [
 _ACTIONS = frozenset({Action.BLOCK, Action.INFO})
 _THROTTLE = "throttle_ms"  # the note a request leaves for its response: the throttle time to report
 _HELD = "held"  # the note a held Fetch leaves: report the debt its response leaves
-_DEFAULT_HOOK_TIMEOUT_MS = 10_000
 
 
 class LimitBy(enum.Enum):
@@ -111,12 +110,7 @@ def _whose(limit_by: LimitBy, connection: Connection) -> tuple[str | None, str]:
 
 def _max_hold(services: GatewayServices) -> float:
     """The longest hold, in seconds: under the hook deadline, which would close the connection."""
-    raw = services.settings("GATEWAY_HOOK_TIMEOUT_MS").get("GATEWAY_HOOK_TIMEOUT_MS", "")
-    try:
-        timeout_ms = int(raw) if raw else _DEFAULT_HOOK_TIMEOUT_MS
-    except ValueError:
-        timeout_ms = _DEFAULT_HOOK_TIMEOUT_MS
-    return max(timeout_ms, 100) * 0.8 / 1000
+    return max(services.hook_timeout, 0.1) * 0.8
 
 
 def _counted(services: GatewayServices) -> Counter:
