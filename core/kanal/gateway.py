@@ -187,6 +187,7 @@ class Gateway:
     def _aliases_changed(self) -> None:
         """A virtual cluster's names follow its aliases: its chains and its interceptors' names."""
         self._tenant_topic_names.clear()
+        self.core_services.topic_names.aliases = dict(self.aliases.of(None))
         self.pipeline.builtins_changed()
 
     def _acl_store(self) -> Service:

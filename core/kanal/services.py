@@ -42,11 +42,13 @@ __all__ = ["CoreServices", "PluginServices", "ResolvingTopicNames", "TokenIdenti
 
 
 class ResolvingTopicNames:
-    """The gateway's topic-name cache, with resolution through its own Kafka client on a miss."""
+    """The gateway's topic-name cache, with resolution through its own Kafka client on a miss; the
+    passthrough cluster's view (``aliases``: its alias topics, name -> physical name)."""
 
     def __init__(self, names: TopicNames, kafka: GatewayKafkaClient) -> None:
         self.names = names
         self.kafka = kafka
+        self.aliases: Mapping[str, str] = {}
 
     def name(self, topic_id: uuid.UUID) -> str | None:
         return self.names.name(topic_id)
@@ -63,6 +65,9 @@ class ResolvingTopicNames:
                 log.warning("cannot resolve topic id %s: %s", topic_id, exc)
             name = self.names.name(topic_id)
         return name if name is not None else str(topic_id)
+
+    def stored(self, name: str) -> str:
+        return self.aliases.get(name, name)
 
 
 class TokenIdentities(Identities):

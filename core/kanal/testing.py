@@ -54,10 +54,15 @@ async def _answer(answer: Answer, request: Any) -> Any:
 
 
 class FakeTopicNames:
-    """Topic ids and names from a dict; ``resolve`` answers the id as text when it is not there."""
+    """Topic ids and names from a dict; ``resolve`` answers the id as text when it is not there;
+    ``stored`` names a topic ``prefix + name`` (a virtual cluster's prefix; empty: the name)."""
 
-    def __init__(self, names: Mapping[uuid.UUID, str] | None = None) -> None:
+    def __init__(self, names: Mapping[uuid.UUID, str] | None = None, *, prefix: str = "") -> None:
         self.names = dict(names or {})
+        self.prefix = prefix
+
+    def stored(self, name: str) -> str:
+        return self.prefix + name
 
     def name(self, topic_id: uuid.UUID) -> str | None:
         return self.names.get(topic_id)
@@ -156,7 +161,7 @@ class FakeServices:
         cluster_id: str = "test",
         settings: Mapping[str, str] | None = None,
         kafka: KafkaClient | None = None,
-        topic_names: Mapping[uuid.UUID, str] | None = None,
+        topic_names: Mapping[uuid.UUID, str] | FakeTopicNames | None = None,
         identities: Identities | None = None,
         acls: GatewayAcls | None = None,
         hook_timeout: float = 10.0,
@@ -167,7 +172,7 @@ class FakeServices:
         self._identities = identities if identities is not None else FakeIdentities()
         self.environ = dict(settings or {})
         self._metrics = CollectorRegistry()
-        self._topic_names = FakeTopicNames(topic_names)
+        self._topic_names = topic_names if isinstance(topic_names, FakeTopicNames) else FakeTopicNames(topic_names)
         self._kafka = kafka if kafka is not None else FakeKafka()
         self._shared: dict[str, Any] = {}
         self.installed: list[list[InterceptorSpec]] = []
@@ -389,6 +394,7 @@ class Harness:
             topic,
             partition,
             record_set,
+            self.services.topic_names.stored(topic),
         )
         chain = self.dispatcher.chain
         entries = chain.fetch_records if fetch else chain.produce_records

@@ -95,7 +95,8 @@ async def decrypt_batch(
     avro: AvroSchemas | None = None,
 ) -> tuple[bytes | None, int]:
     """The batch's bytes with what it may decrypt in clear (None: nothing was decrypted), and how
-    many parts were decrypted. Raises DecryptionFailed (``fail_fetch``)."""
+    many parts were decrypted. Raises DecryptionFailed (``fail_fetch``). ``topic``: the name the
+    cluster stores the topic under, which the associated data binds."""
     area, start = records_area(batch)
     count = batch.records_count
     spans = record_spans(area, start, count, len(area))

@@ -80,14 +80,23 @@ class Plan:
 
 
 async def encrypt_batch(
-    plan: Plan, topic: str, batch: RecordBatch, keys: KeySource, avro: AvroSchemas | None = None
+    plan: Plan,
+    topic: str,
+    batch: RecordBatch,
+    keys: KeySource,
+    avro: AvroSchemas | None = None,
+    *,
+    stored_topic: str | None = None,
 ) -> bytes:
     """The batch's bytes with its records encrypted. Raises EncryptionFailed, the KMS's error, or
-    SchemaUnavailable (the schema of an Avro part cannot be had)."""
+    SchemaUnavailable (the schema of an Avro part cannot be had).
+
+    Key templates see ``topic`` as the client named it; the associated data binds ``stored_topic``,
+    the name on the cluster (default ``topic``), which every client reading the records shares."""
     area, start = records_area(batch)
     count = batch.records_count
     spans = record_spans(area, start, count, len(area))
-    topic_b = topic.encode()
+    topic_b = (stored_topic or topic).encode()
     out = bytearray()
     if avro is not None and (plan.value_fields or plan.key_fields):
         await _schemas(plan, area, spans, avro)

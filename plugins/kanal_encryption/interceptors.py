@@ -159,7 +159,9 @@ class EncryptionInterceptor(_CryptoInterceptor):
                     data = await self._tokens.batch(batch, encode=True)
                 else:
                     assert self._plan is not None
-                    data = await encrypt_batch(self._plan, ctx.topic, batch, self, self._avro)
+                    data = await encrypt_batch(
+                        self._plan, ctx.topic, batch, self, self._avro, stored_topic=ctx.stored_topic
+                    )
             except KmsError as exc:
                 return self._failed(ctx, f"the KMS failed: {exc}", retriable=exc.retriable)
             except SchemaUnavailable as exc:
@@ -242,7 +244,9 @@ class DecryptionInterceptor(_CryptoInterceptor):
                     data = await self._tokens.batch(batch, encode=False)
                     count = batch.records_count
                 else:
-                    data, count = await decrypt_batch(self._selection, ctx.topic, batch, self, failed, self._avro)
+                    data, count = await decrypt_batch(
+                        self._selection, ctx.stored_topic, batch, self, failed, self._avro
+                    )
             except DecryptionFailed as exc:
                 self._report(ctx, str(exc))
                 return PartitionError(int(ErrorCode.resource_not_found), f"decryption failed: {exc}")

@@ -135,3 +135,9 @@ class RecordsContext:
     topic: str
     partition: int
     records: RecordSet
+    #: The name the cluster stores ``topic`` under (see ``TopicNames.stored``); ``topic`` when not given.
+    stored_topic: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.stored_topic:
+            self.stored_topic = self.topic

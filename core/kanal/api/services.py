@@ -49,6 +49,12 @@ class TopicNames(Protocol):
     async def resolve(self, topic_id: uuid.UUID) -> str:
         """The name of a topic id, asking the cluster on a miss; the id as text when nobody knows it."""
 
+    def stored(self, name: str) -> str:
+        """The name the cluster stores topic ``name`` under: a virtual cluster's prefix added, an
+        alias followed; the name itself for the passthrough cluster. Data bound to a topic (an
+        encryption's associated data) is bound to this name, so every way of reading the topic
+        (another virtual cluster's alias, the passthrough cluster) agrees on it."""
+
 
 class KafkaClient(Protocol):
     """The gateway's own Kafka client: one connection per broker, each request at the highest

@@ -207,7 +207,14 @@ class Dispatcher:
             for part in topic.partition_data:
                 records = RecordSet.parse(part.records)
                 rctx = RecordsContext(
-                    ctx.connection, ctx.api_key, ctx.api_version, ctx.client_id, name, int(part.index), records
+                    ctx.connection,
+                    ctx.api_key,
+                    ctx.api_version,
+                    ctx.client_id,
+                    name,
+                    int(part.index),
+                    records,
+                    self.topic_names.stored(name),
                 )
                 outcome, failed_by = await self._failing(entries, rctx, "produce_records", ctx.api_key)
                 if outcome is not None:
@@ -355,7 +362,9 @@ class Dispatcher:
         is, else the partition's error code and its record set (empty, not null, when a hook failed
         it: librdkafka reads a null record set as a broken frame and fetches again)."""
         records = RecordSet.parse(data)
-        rctx = RecordsContext(connection, ApiKey.FETCH, api_version, client_id, topic, partition, records)
+        rctx = RecordsContext(
+            connection, ApiKey.FETCH, api_version, client_id, topic, partition, records, self.topic_names.stored(topic)
+        )
         outcome = await self.records(entries, rctx, "fetch_records", ApiKey.FETCH)
         if outcome is not None:
             return outcome.error_code, b""

@@ -173,6 +173,9 @@ class TenantTopicNames:
             return physical
         return self._ids.virtual(physical, name if name in self._names.aliases else None)
 
+    def stored(self, name: str) -> str:
+        return self._names.topic(name)
+
     async def resolve(self, topic_id: uuid.UUID) -> str:
         physical_id, alias = self._physical(topic_id)
         if alias is not None:
