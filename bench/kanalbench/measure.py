@@ -346,7 +346,8 @@ def idle_connections(opts: Options, name: str, config: Path | None = None, env: 
             )
         limit = nofile_limit(stack.pids()["gateway"])
     report.notes.append(
-        "one broker: gateway upstream connections are those to it (shared, own, and the gateway's metadata "
-        f"client's), counted in /proc; gateway open-file limit {limit:,} (each unpooled client needs two)"
+        "one broker: gateway upstream connections are those to it (shared, own, the gateway's metadata "
+        "client's and its membership group's), counted in /proc; "
+        f"gateway open-file limit {limit:,} (each unpooled client needs two)"
     )
     return report

@@ -145,7 +145,8 @@ class Stack:
         return self.broker.port
 
     def upstream_connections(self) -> int:
-        """The gateway's established connections to the broker (shared, own and its metadata client's)."""
+        """The gateway's established connections to the broker (shared, own, its metadata client's and
+        its membership group's)."""
         return tcp_connections(self.pids()["gateway"], remote_port=self.broker_port())
 
     def broker_connections(self) -> int:

@@ -41,8 +41,10 @@ def raise_open_file_limit() -> None:
             resource.setrlimit(resource.RLIMIT_NOFILE, (hard if hard != resource.RLIM_INFINITY else 1 << 20, hard))
 
 
-async def serve(settings: Settings, registry: PluginRegistry, banner: str = "") -> None:
-    """Runs a gateway until SIGINT or SIGTERM, then shuts it down gracefully."""
+async def serve(settings: Settings, registry: PluginRegistry, banner: str = "") -> int:
+    """Runs a gateway until SIGINT or SIGTERM, then shuts it down gracefully; returns the exit code
+    (0, or the one of what stopped the node by itself: 41 for another membership protocol in its
+    fleet's group)."""
     raise_open_file_limit()
     gateway = Gateway(settings, registry)
     install_admin(gateway)  # admin HTTP API, health, metrics and the persistent resource store
@@ -74,6 +76,7 @@ async def serve(settings: Settings, registry: PluginRegistry, banner: str = "") 
                 f"upstream {listening.upstream}{banner}",
                 flush=True,
             )
+    return gateway.failure.exit_code if gateway.failure is not None else 0
 
 
 def _known(registry: PluginRegistry) -> KnownSettings:
@@ -85,14 +88,14 @@ def _run(args: argparse.Namespace) -> int:
         registry = _registry()
         settings = load_settings(args.config, require_upstream=True, known=_known(registry))
         configure_logging(settings.log_format, settings.log_level)
-        trio.run(serve, settings, registry)
+        code: int = trio.run(serve, settings, registry)
     except (ConfigError, InterceptorConfigError, PluginError) as exc:
         print(f"kanal: configuration error: {exc}", file=sys.stderr)
         return 2
     except OSError as exc:
         print(f"kanal: {exc}", file=sys.stderr)
         return 1
-    return 0
+    return code
 
 
 def _dev_port_start() -> int:
@@ -111,7 +114,7 @@ def _dev_port_start() -> int:
 
 
 def _dev(args: argparse.Namespace) -> int:
-    from kanal.embedded.tansu import TansuBroker
+    from kanal.embedded.tansu import SHORT_MEMBERSHIP_TIMINGS, TansuBroker
 
     env = dict(os.environ)
     try:
@@ -122,6 +125,8 @@ def _dev(args: argparse.Namespace) -> int:
             env.setdefault("GATEWAY_MIN_BROKERID", str(broker.node_id))
             env.setdefault("GATEWAY_PORT_COUNT", "3")
             env.setdefault("GATEWAY_PORT_START", str(_dev_port_start()))
+            for name, value in SHORT_MEMBERSHIP_TIMINGS.items():  # joins its fleet in 3 s, not 23
+                env.setdefault(name, value)
             dev_http_port(env)
             admin_notice = dev_admin_user(env)
             registry = _registry()
@@ -130,14 +135,14 @@ def _dev(args: argparse.Namespace) -> int:
             print(f"Kanal dev: embedded Tansu broker at {broker.bootstrap}", flush=True)
             if admin_notice:
                 print(f"{admin_notice}; admin API at http://127.0.0.1:{settings.http_port}", flush=True)
-            trio.run(serve, settings, registry, " (embedded Tansu; Ctrl-C stops both)")
+            code: int = trio.run(serve, settings, registry, " (embedded Tansu; Ctrl-C stops both)")
     except (ConfigError, InterceptorConfigError, PluginError) as exc:
         print(f"kanal: configuration error: {exc}", file=sys.stderr)
         return 2
     except (OSError, RuntimeError) as exc:
         print(f"kanal dev: {exc}", file=sys.stderr)
         return 1
-    return 0
+    return code
 
 
 def _version(args: argparse.Namespace) -> int:

@@ -8,6 +8,7 @@ import itertools
 import logging
 import os
 import socket
+import time
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
@@ -15,6 +16,7 @@ from typing import Any
 
 import trio
 
+from kanal import __version__
 from kanal.admin.store import ResourceStore
 from kanal.api.context import Connection
 from kanal.api.errors import UpstreamError
@@ -35,6 +37,7 @@ from kanal.net.authentication import authenticators
 from kanal.net.channel import KafkaChannel
 from kanal.net.connection import ClientConnection, FrameTap
 from kanal.net.kafka_client import GatewayKafkaClient
+from kanal.net.membership import FleetMembership
 from kanal.net.state_log import CompactedLog
 from kanal.net.tls import CertificateRefused, certificate_principal, server_context, upstream_context
 from kanal.net.upstream import open_upstream
@@ -48,6 +51,8 @@ from kanal.protocol.acl_codes import ACL_APIS
 from kanal.protocol.api import ApiKey
 from kanal.protocol.api import preload as preload_schemas
 from kanal.protocol.api_versions import RecentAnswers
+from kanal.protocol.member_metadata import MemberMetadata
+from kanal.protocol.membership import FleetError, MemberConfig
 from kanal.protocol.rewrite import Address
 from kanal.protocol.sasl_mechanisms import Identity
 from kanal.protocol.sasl_server import Authenticator
@@ -66,6 +71,8 @@ _ACCEPT_CAPACITY_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM, e
 # Priorities of the core's built-in interceptors: outside and inside every configured one.
 _OUTERMOST = -(2**63)
 _INNERMOST = 2**63 - 1
+# Longest the node waits for the coordinator's answer to its LeaveGroup at shutdown (the drain waits).
+_LEAVE_TIMEOUT = 2.0
 
 
 @dataclass(frozen=True)
@@ -91,7 +98,16 @@ def _host_port(stream: trio.abc.Stream) -> tuple[str, int, str, int]:
 class Gateway:
     """One gateway node in front of one Kafka cluster."""
 
-    def __init__(self, settings: Settings, registry: PluginRegistry, environ: Mapping[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        registry: PluginRegistry,
+        environ: Mapping[str, str] | None = None,
+        *,
+        fleet: bool = True,
+    ) -> None:
+        """``fleet``: whether the node joins its fleet's membership group (every deployment does;
+        a replay against a scripted broker, which answers only what its capture holds, does not)."""
         self.settings = settings
         self.registry = registry
         self.metrics = GatewayMetrics()
@@ -152,6 +168,13 @@ class Gateway:
         if self._authenticators is not None:
             self.services.extend(self._authenticators.services)  # OAUTHBEARER's JWKS refresher
         self.stopping = trio.Event()
+        # The membership group (GATEWAY_GROUP_ID), built once the ports are known; what stopped the
+        # node, when its membership could not go on (the process's exit code).
+        self._joins_fleet = fleet
+        self.node_id = str(uuid.uuid4())
+        self.started_ms = int(time.time() * 1000)
+        self.fleet: FleetMembership | None = None
+        self.failure: FleetError | None = None
         # The audit log (GATEWAY_FEATURE_FLAGS_AUDIT): logins here, admin changes and plugins' decisions.
         source = node_source(self.advertised_host, settings.port_start)
         self.audit_log = AuditLog.for_gateway(settings, self.metrics, source)
@@ -398,10 +421,47 @@ class Gateway:
         for node_id in ids:
             self.advertised_address(node_id)  # warns now about brokers that no port serves
 
+    def _fleet_membership(self) -> FleetMembership:
+        """This node's membership, announcing its addresses (known once the upstream is discovered)."""
+        settings = self.settings
+        assert self.port_count is not None
+        metadata = MemberMetadata(
+            node_id=self.node_id,
+            host=self.advertised_host,
+            first_port=settings.port_start,
+            last_port=settings.port_start + self.port_count - 1,
+            http_port=settings.http_port,
+            rack=settings.rack_id,
+            version=__version__,
+            start_time_ms=self.started_ms,
+        )
+        upstream = settings.upstream
+        config = MemberConfig(
+            settings.fleet_group_id,
+            metadata,
+            session_timeout_ms=upstream.session_timeout_ms,
+            heartbeat_interval_ms=upstream.heartbeat_interval_ms,
+        )
+        return FleetMembership(
+            config,
+            upstream,
+            settings.upstream_connect_timeout_ms / 1000,
+            settings.max_frame_size,
+            on_members=self.metrics.fleet_members.set,
+            on_fatal=self._fleet_failed,
+        )
+
+    def _fleet_failed(self, error: FleetError) -> None:
+        """The membership cannot go on (another protocol in the group, no ACL): the node stops."""
+        self.failure = error
+        self.shutdown()
+
     async def run(self, *, task_status: trio.TaskStatus[Listening] = trio.TASK_STATUS_IGNORED) -> None:
         """Serves until :meth:`shutdown` completes."""
         await self.discover()
         assert self.port_count is not None and self.min_broker_id is not None
+        if self._joins_fleet and self.fleet is None:
+            self.fleet = self._fleet_membership()
         settings = self.settings
         ports = range(settings.port_start, settings.port_start + self.port_count)
         listeners: list[trio.abc.Listener[Any]] = []
@@ -455,6 +515,8 @@ class Gateway:
                 if settings.idle_connection_timeout_ms:
                     nursery.start_soon(self._close_idle, settings.idle_connection_timeout_ms / 1000)
                 await nursery.start(accept)
+                if self.fleet is not None:
+                    await nursery.start(self.fleet.run)  # joins in the background: not a wait
                 await nursery.start(self.core_services.run)
                 for service in self.services:
                     await nursery.start(service)
@@ -466,7 +528,12 @@ class Gateway:
                     Listening(f"{self.advertised_host}:{ports[0]}", ports[0], ports[-1], self.min_broker_id, upstream)
                 )
                 await trio.sleep_forever()
-            # Shutdown: the listeners are closed; let connections drain, then stop what is left.
+            # Shutdown: the listeners are closed. Leave the fleet first (the others learn at once that
+            # this node is going), then let connections drain, then stop what is left.
+            if self.fleet is not None:
+                await self.fleet.leave(min(_LEAVE_TIMEOUT, settings.shutdown_timeout_ms / 1000))
+            for connection in list(self.connections):
+                connection.drain()
             with trio.move_on_after(settings.shutdown_timeout_ms / 1000) as draining:
                 while self.connections:
                     await self._idle.wait()
@@ -482,9 +549,7 @@ class Gateway:
         self.stopping.set()
         log.info("shutting down: draining %d client connections", len(self.connections))
         self._accepting.cancel()
-        self._serve_scope.cancel()
-        for connection in list(self.connections):
-            connection.drain()
+        self._serve_scope.cancel()  # (the serving task leaves the fleet, then drains the connections)
 
     async def _close_idle(self, timeout: float) -> None:
         """GATEWAY_IDLE_CONNECTION_TIMEOUT_MS: looks at every connection four times per timeout

@@ -126,6 +126,12 @@ class GatewayMetrics:
         self.audit_pending = Gauge(
             "gateway_audit_events_pending", "Audit events waiting to be written to the audit log topic", registry=r
         )
+        self.fleet_members = Gauge(
+            "gateway_fleet_members",
+            "Members of the fleet's membership group as this node last learnt them (itself alone before its"
+            " first join)",
+            registry=r,
+        )
         self.lifecycle: Histogram | None = None
         self._lifecycle_bound: dict[tuple[str, int, str], Histogram] = {}
 

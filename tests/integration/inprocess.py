@@ -15,7 +15,7 @@ import trio
 
 from kanal.api.interceptor import InterceptorSpec
 from kanal.config.settings import KnownSettings, build_settings
-from kanal.embedded import TansuBroker, free_port_block
+from kanal.embedded import SHORT_MEMBERSHIP_TIMINGS, TansuBroker, free_port_block
 from kanal.gateway import Gateway
 from kanal.pipeline.registry import PluginRegistry
 
@@ -33,6 +33,7 @@ def inprocess_gateway(
     for name, plugin in plugins.items():
         registry.register(plugin, name)
     environ = {
+        **SHORT_MEMBERSHIP_TIMINGS,  # (Tansu holds a JoinGroup for half the session timeout)
         "KAFKA_BOOTSTRAP_SERVERS": broker.bootstrap,
         "GATEWAY_BIND_HOST": "127.0.0.1",
         "GATEWAY_ADVERTISED_HOST": "127.0.0.1",

@@ -2,8 +2,8 @@
 
 Routes: health (``/health/live``, ``/health/ready``), ``/versions``, ``/metrics``, ``/openapi.json``,
 the resource kinds' generic routes under ``/gateway/v2/<path>``, the interceptor resolver, the token
-route of service accounts, the plugin catalogue, the audit log (``/gateway/v2/audit``), and whatever
-plugins add through the ``kanal_admin_routes`` hook.
+route of service accounts, the plugin catalogue, the audit log (``/gateway/v2/audit``), the fleet's
+members (``/gateway/v2/fleet``), and whatever plugins add through the ``kanal_admin_routes`` hook.
 
 Every route except health, versions, metrics and the OpenAPI document needs HTTP Basic credentials of a
 ``GATEWAY_ADMIN_API_USERS`` user; changes need an ``admin: true`` user. With no users configured the
@@ -27,6 +27,7 @@ from werkzeug.exceptions import HTTPException
 
 from kanal import __version__
 from kanal.admin.audit import audit, audit_log_of, host_port
+from kanal.admin.fleet import add_routes as fleet_routes
 from kanal.admin.identity import KIND as SERVICE_ACCOUNT
 from kanal.admin.identity import mint_token
 from kanal.admin.interceptors import plugin_catalogue, resolve
@@ -316,6 +317,7 @@ def create_app(api: AdminApi, extra_routes: Iterable[Callable[[AdminApi], None]]
             raise ResourceError(400, "Invalid filter", str(exc)) from None
         return json_response(audit_log.query(query))
 
+    fleet_routes(api)
     app.add_url_rule(f"{API_PREFIX}/resource-kinds", "resource_kinds", resource_kinds, methods=["GET"])
     app.add_url_rule(f"{API_PREFIX}/plugin", "plugins", plugins, methods=["GET"])
     app.add_url_rule(f"{API_PREFIX}/audit", "audit", audit_events, methods=["GET"])

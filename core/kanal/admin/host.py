@@ -15,6 +15,7 @@ if TYPE_CHECKING:
     from kanal.identity.groups import Groups
     from kanal.identity.scram_credentials import ScramCredentials
     from kanal.metrics import GatewayMetrics
+    from kanal.net.membership import FleetMembership
     from kanal.pipeline.chain import Pipeline
     from kanal.pipeline.registry import PluginRegistry
     from kanal.tenancy.aliases import AliasTopics
@@ -36,6 +37,7 @@ class GatewayHost(Protocol):
     groups: Groups
     directory: Directory
     aliases: AliasTopics
+    fleet: FleetMembership | None  # the membership group (None before the node serves, or without one)
 
     def services_for(self, plugin: str) -> GatewayServices:
         """What plugin ``plugin`` gets of the gateway."""

@@ -13,6 +13,7 @@ from typing import Any
 from quart import Quart
 
 from kanal import __version__
+from kanal.admin.fleet import FLEET_SCHEMA
 from kanal.admin.metrics import route_template
 from kanal.api.resources import KindRegistry, ResourceKind
 
@@ -125,7 +126,13 @@ def openapi_document(
                 if rule.endpoint not in read_only:
                     operation["responses"]["403"] = {"description": "the user is read-only"}
             kind = _kind_of(path, kinds)
-            if path == "/gateway/v2/audit" and method == "GET":
+            if path == "/gateway/v2/fleet" and method == "GET":
+                operation["responses"]["200"] = {
+                    "description": "this node's membership group and its members",
+                    "content": {"application/json": {"schema": FLEET_SCHEMA}},
+                }
+                operation["responses"]["404"] = {"description": "the node joins no membership group"}
+            elif path == "/gateway/v2/audit" and method == "GET":
                 operation["parameters"] = _AUDIT_PARAMETERS
                 operation["responses"]["200"] = {
                     "description": "the events, newest first",

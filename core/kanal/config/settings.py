@@ -132,7 +132,27 @@ OPTIONS: tuple[Option, ...] = (
     ),
     Option("GATEWAY_HTTP_PORT", "http_port", _int(0, 65535), 8888, "Admin API, health and metrics port."),
     Option(
-        "GATEWAY_CLUSTER_ID", "cluster_id", _str, "gateway", "Name of this gateway cluster (names its state topics)."
+        "GATEWAY_CLUSTER_ID",
+        "cluster_id",
+        _str,
+        "gateway",
+        "Name of this gateway cluster (names its state topics and its membership group).",
+    ),
+    Option(
+        "GATEWAY_GROUP_ID",
+        "group_id",
+        _str,
+        None,
+        "The fleet's membership group on the backing cluster, which every node joins (default:"
+        " kanal_<GATEWAY_CLUSTER_ID>-fleet); with group ACLs the gateway needs Read on it. Tuned by"
+        " KAFKA_HEARTBEAT_INTERVAL_MS and KAFKA_SESSION_TIMEOUT_MS.",
+    ),
+    Option(
+        "GATEWAY_RACK_ID",
+        "rack_id",
+        _str,
+        None,
+        "The rack (or zone) of this node, announced to the fleet in its member metadata.",
     ),
     Option(
         "GATEWAY_MAX_FRAME_SIZE",
@@ -393,6 +413,23 @@ OPTIONS: tuple[Option, ...] = (
 )
 _BY_ENV = {o.env: o for o in OPTIONS}
 
+#: Variables of earlier gateway releases that are refused at startup (spec 03, 3.22.0 breaking change
+#: 4), each with what replaces it.
+REMOVED: Mapping[str, str] = {
+    "GATEWAY_CONSUMER_GROUP_MEMBERSHIP_TIMEOUT_MS": "KAFKA_SESSION_TIMEOUT_MS",
+    "GATEWAY_CONSUMER_GROUP_POLL_INTERVAL_MS": "KAFKA_HEARTBEAT_INTERVAL_MS",
+    "GATEWAY_INIT_CONSUMER_GROUP_MEMBERSHIP_TIMEOUT_MS": "KAFKA_SESSION_TIMEOUT_MS",
+}
+
+
+def _removed(name: str, where: str) -> None:
+    replacement = REMOVED.get(name)
+    if replacement is not None:
+        raise ConfigError(
+            where,
+            f"removed: the membership group is tuned by {replacement} now (see docs/fleet.md); unset {name}",
+        )
+
 
 @dataclass(frozen=True)
 class Settings:
@@ -444,6 +481,8 @@ class Settings:
     super_users: tuple[str, ...] | None = None
     acls_topic: str | None = None
     state_replication_factor: int = -1
+    group_id: str | None = None
+    rack_id: str | None = None
     feature_flags: Mapping[str, bool] = field(default_factory=dict)
     upstream: UpstreamSettings = field(default_factory=UpstreamSettings)
     interceptors: tuple[InterceptorSpec, ...] = ()
@@ -451,6 +490,11 @@ class Settings:
     def feature(self, name: str, default: bool = False) -> bool:
         """A ``GATEWAY_FEATURE_FLAGS_<NAME>`` flag (name in any case, without the prefix)."""
         return self.feature_flags.get(name.upper(), default)
+
+    @property
+    def fleet_group_id(self) -> str:
+        """The membership group: GATEWAY_GROUP_ID, else ``kanal_<GATEWAY_CLUSTER_ID>-fleet``."""
+        return self.group_id or f"kanal_{self.cluster_id}-fleet"
 
 
 def _yaml_key_to_env(key: str) -> str:
@@ -472,6 +516,7 @@ def gateway_values(env: Mapping[str, str], file_section: Any) -> dict[str, tuple
     values: dict[str, tuple[str, str]] = {}
     for key, value in _check_mapping(file_section, "gateway").items():
         name = _yaml_key_to_env(str(key))
+        _removed(name, f"gateway.{key}")
         if name.startswith(FEATURE_FLAG_PREFIX) or name in _BY_ENV:
             values[name] = (
                 "" if value is None else str(value).lower() if isinstance(value, bool) else str(value),
@@ -652,6 +697,7 @@ def build_settings(
             continue
         option = _BY_ENV.get(name)
         if option is None:
+            _removed(name, where)
             known.check_other(name, where)
             continue
         try:

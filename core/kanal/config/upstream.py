@@ -7,7 +7,7 @@ Every ``KAFKA_*`` variable is a client property (prefix dropped, lower case, ``_
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,6 +33,10 @@ class UpstreamSettings:
     ssl_key_location: str | None = None
     ssl_key_password: str | None = None
     ssl_check_hostname: bool = True
+    #: The membership group's timings (``KAFKA_HEARTBEAT_INTERVAL_MS``, ``KAFKA_SESSION_TIMEOUT_MS``),
+    #: with the defaults of Kafka's own clients.
+    heartbeat_interval_ms: int = 3000
+    session_timeout_ms: int = 45000
     properties: Mapping[str, str] = field(default_factory=dict)
 
     @property
@@ -68,6 +72,19 @@ def parse_jaas(text: str) -> dict[str, str]:
     """username/password options of a JAAS line such as
     ``org.apache.kafka.common.security.plain.PlainLoginModule required username="u" password="p";``"""
     return {k: v.replace('\\"', '"') for k, v in _JAAS_OPTION.findall(text)}
+
+
+def _milliseconds(props: Mapping[str, str], prop: str, default: int, name_of: Callable[[str], str]) -> int:
+    text = props.get(prop)
+    if text is None:
+        return default
+    try:
+        value = int(text.strip())
+    except ValueError:
+        raise ConfigError(name_of(prop), f"expected milliseconds, got {text!r}") from None
+    if not 1 <= value <= 2**31 - 1:
+        raise ConfigError(name_of(prop), f"must be between 1 and {2**31 - 1} ms, got {value}")
+    return value
 
 
 def parse_upstream(env: Mapping[str, str], file_section: Mapping[str, Any]) -> UpstreamSettings:
@@ -111,6 +128,13 @@ def parse_upstream(env: Mapping[str, str], file_section: Mapping[str, Any]) -> U
                 name_of("sasl.jaas.config"), "SASL needs a password (sasl.jaas.config or KAFKA_SASL_PASSWORD)"
             )
     check = props.get("ssl.endpoint.identification.algorithm", "https").strip().lower()
+    heartbeat = _milliseconds(props, "heartbeat.interval.ms", 3000, name_of)
+    session = _milliseconds(props, "session.timeout.ms", 45000, name_of)
+    if heartbeat >= session:
+        raise ConfigError(
+            name_of("heartbeat.interval.ms"),
+            f"must be lower than the session timeout ({name_of('session.timeout.ms')}={session}), got {heartbeat}",
+        )
     return UpstreamSettings(
         bootstrap_servers=servers,
         security_protocol=protocol,
@@ -122,5 +146,7 @@ def parse_upstream(env: Mapping[str, str], file_section: Mapping[str, Any]) -> U
         ssl_key_location=props.get("ssl.key.location"),
         ssl_key_password=props.get("ssl.key.password"),
         ssl_check_hostname=check not in ("", "none"),
+        heartbeat_interval_ms=heartbeat,
+        session_timeout_ms=session,
         properties=props,
     )

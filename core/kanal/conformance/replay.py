@@ -600,7 +600,9 @@ async def replay(case: Case, registry: PluginRegistry | None = None, tap: FrameT
                 "GATEWAY_MIN_BROKERID": str(nodes[0]),
                 "GATEWAY_SHUTDOWN_TIMEOUT_MS": str(int(case.timeout * 1000)),
             }
-            gateway = Gateway(build_settings(env, case.config, KnownSettings(registry.declared_settings())), registry)
+            settings = build_settings(env, case.config, KnownSettings(registry.declared_settings()))
+            # no membership group: the scripted broker answers only what the capture holds
+            gateway = Gateway(settings, registry, fleet=False)
             # A gateway capture was recorded with a tap, which the gateway heeds (it forwards a
             # client's ApiVersions before the login instead of answering it from a recent answer):
             # replayed with one too, so that it forwards what it forwarded then.

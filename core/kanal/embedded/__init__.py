@@ -11,6 +11,7 @@
 
 from kanal.embedded.gateway_process import READY_PATTERN, GatewayProcess, gateway_env
 from kanal.embedded.tansu import (
+    SHORT_MEMBERSHIP_TIMINGS,
     TANSU_NODE_ID,
     EmbeddedProcessError,
     ProcessOutput,
@@ -23,6 +24,7 @@ from kanal.embedded.tansu import (
 
 __all__ = [
     "READY_PATTERN",
+    "SHORT_MEMBERSHIP_TIMINGS",
     "TANSU_NODE_ID",
     "EmbeddedProcessError",
     "GatewayProcess",
