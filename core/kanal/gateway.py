@@ -51,9 +51,10 @@ from kanal.protocol.acl_codes import ACL_APIS
 from kanal.protocol.api import ApiKey
 from kanal.protocol.api import preload as preload_schemas
 from kanal.protocol.api_versions import RecentAnswers
+from kanal.protocol.balance import LoadBalancer, client_key, node_of
 from kanal.protocol.member_metadata import MemberMetadata
 from kanal.protocol.membership import FleetError, MemberConfig
-from kanal.protocol.rewrite import Address
+from kanal.protocol.rewrite import Address, AddressOf, broker_racks
 from kanal.protocol.sasl_mechanisms import Identity
 from kanal.protocol.sasl_server import Authenticator
 from kanal.protocol.topic_names import TopicNames
@@ -121,7 +122,7 @@ class Gateway:
             timeout,
             settings.max_frame_size,
             "kanal-gateway",
-            on_metadata=lambda response: self.topic_names.learn(ApiKey.METADATA, response),
+            on_metadata=self._own_metadata,
         )
         environ = os.environ if environ is None else environ
         self.core_services = CoreServices(
@@ -144,6 +145,14 @@ class Gateway:
         self.pipeline.configure(settings.interceptors)
         self.core_rules = CoreRules(self.learn_brokers, self.topic_names, self.advertised_address)
         self.brokers: dict[int, Address] = {}
+        self.broker_racks: dict[int, str | None] = {}
+        # Internal load balancing (GATEWAY_FEATURE_FLAGS_INTERNAL_LOAD_BALANCING): the addresses each
+        # client sees follow the fleet's live members; built with the membership (None: this node
+        # answers with itself, as behind an external load balancer).
+        self.balancer: LoadBalancer | None = None
+        if settings.internal_load_balancing:
+            self.core_rules.addresses_for = self.addresses_for
+            self.core_rules.learn_racks = self.learn_racks
         self.min_broker_id = settings.min_broker_id
         self.port_count = settings.port_count
         self.advertised_host = settings.advertised_host or (
@@ -320,6 +329,30 @@ class Gateway:
             )
         return None
 
+    def addresses_for(self, client: Connection) -> AddressOf:
+        """The broker addresses a client connection is to see: its share of the fleet (internal load
+        balancing), keyed by its host, principal and client id; this node's own before the fleet is
+        known, alone, or with the flag off."""
+        balancer = self.balancer
+        if balancer is None:
+            return self.advertised_address
+        host = client.client_address.rpartition(":")[0]
+        return balancer.address_of(client_key(host, client.principal, client.client_id))
+
+    def learn_racks(self, racks: dict[int, str | None]) -> None:
+        """Records the brokers' racks a Metadata or DescribeCluster answer announces (rack-aware
+        load balancing prefers a node in the broker's rack)."""
+        if not racks:
+            return
+        self.broker_racks.update(racks)
+        if self.balancer is not None:
+            self.balancer.learn_racks(racks)
+
+    def _own_metadata(self, response: Any) -> None:
+        """What the gateway learns from the Metadata answers to its own requests."""
+        self.topic_names.learn(ApiKey.METADATA, response)
+        self.learn_racks(broker_racks(ApiKey.METADATA, response))
+
     def node_for_port(self, port: int) -> int:
         assert self.min_broker_id is not None
         return self.min_broker_id + port - self.settings.port_start
@@ -435,6 +468,10 @@ class Gateway:
             version=__version__,
             start_time_ms=self.started_ms,
         )
+        if settings.internal_load_balancing:
+            assert self.min_broker_id is not None
+            own = node_of(metadata)
+            self.balancer = LoadBalancer(own, self.min_broker_id, self.advertised_address, self.broker_racks)
         upstream = settings.upstream
         config = MemberConfig(
             settings.fleet_group_id,
@@ -449,6 +486,7 @@ class Gateway:
             settings.max_frame_size,
             on_members=self.metrics.fleet_members.set,
             on_fatal=self._fleet_failed,
+            balancer=self.balancer,
         )
 
     def _fleet_failed(self, error: FleetError) -> None:
@@ -547,6 +585,8 @@ class Gateway:
             return
         self._stopping = True
         self.stopping.set()
+        if self.balancer is not None:
+            self.balancer.leave()  # from now on no answer names this node, its own neither
         log.info("shutting down: draining %d client connections", len(self.connections))
         self._accepting.cancel()
         self._serve_scope.cancel()  # (the serving task leaves the fleet, then drains the connections)

@@ -7,6 +7,7 @@ can exercise hooks with real clients and a real broker without packaging anythin
 from __future__ import annotations
 
 import threading
+import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any, TypeVar
@@ -40,6 +41,8 @@ def inprocess_gateway(
         "GATEWAY_PORT_START": str(free_port_block(3)),
         "GATEWAY_PORT_COUNT": "3",
         "GATEWAY_MIN_BROKERID": str(broker.node_id),
+        # a fleet of its own: gateways sharing a group spread their clients over each other
+        "GATEWAY_GROUP_ID": f"kanal-inprocess-{uuid.uuid4().hex[:12]}",
         **env,
     }
     settings = build_settings(environ, known=KnownSettings(registry.declared_settings()))

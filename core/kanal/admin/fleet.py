@@ -2,6 +2,8 @@
 
 This node's own state is live (joining, stable, rebalancing, outage, leaving); the others are as the
 last member list the group's leader handed out says (they were ``stable`` in that generation).
+``internalLoadBalancing`` shows what this node's answers spread clients over: the nodes they may
+name now and the brokers' racks (the inputs of :mod:`kanal.protocol.balance`).
 """
 
 from __future__ import annotations
@@ -9,6 +11,7 @@ from __future__ import annotations
 import datetime
 from typing import TYPE_CHECKING, Any
 
+from kanal.protocol.balance import LoadBalancer
 from kanal.protocol.member_metadata import MEMBERSHIP_PROTOCOL_VERSION, PROTOCOL_NAME, PROTOCOL_TYPE, MemberMetadata
 from kanal.protocol.membership import FleetStatus, Member, NodeState
 
@@ -28,6 +31,34 @@ FLEET_SCHEMA: dict[str, Any] = {
         "memberId": {"type": "string", "description": "this node's member id ('' before it joined)"},
         "leader": {"type": ["string", "null"], "description": "the member id of the group's leader"},
         "lastError": {"type": ["string", "null"]},
+        "internalLoadBalancing": {
+            "type": "object",
+            "description": "GATEWAY_FEATURE_FLAGS_INTERNAL_LOAD_BALANCING and what answers spread clients over",
+            "properties": {
+                "enabled": {"type": "boolean"},
+                "leaving": {"type": "boolean", "description": "this node is shutting down: answers name others"},
+                "nodes": {
+                    "type": "array",
+                    "description": "the nodes answers may name now (empty: this node alone answers with itself)",
+                    "items": {
+                        "type": "object",
+                        "properties": {
+                            "host": {"type": "string"},
+                            "ports": {
+                                "type": "object",
+                                "properties": {"first": {"type": "integer"}, "last": {"type": "integer"}},
+                            },
+                            "rack": {"type": ["string", "null"]},
+                        },
+                    },
+                },
+                "brokerRacks": {
+                    "type": "object",
+                    "description": "backing broker id -> rack, as Metadata announces them",
+                    "additionalProperties": {"type": ["string", "null"]},
+                },
+            },
+        },
         "members": {
             "type": "array",
             "items": {
@@ -90,7 +121,22 @@ def _member(member: Member, status: FleetStatus) -> dict[str, Any]:
     return out
 
 
-def fleet_view(status: FleetStatus) -> dict[str, Any]:
+def balancing_view(balancer: LoadBalancer | None) -> dict[str, Any]:
+    """What this node's answers spread clients over (``enabled`` false: every answer names it)."""
+    if balancer is None:
+        return {"enabled": False}
+    return {
+        "enabled": True,
+        "leaving": balancer.leaving,
+        "nodes": [
+            {"host": n.host, "ports": {"first": n.first_port, "last": n.last_port}, "rack": n.rack}
+            for n in (balancer.nodes if balancer.balancing else ())
+        ],
+        "brokerRacks": {str(broker): rack for broker, rack in sorted(balancer.racks.items())},
+    }
+
+
+def fleet_view(status: FleetStatus, balancer: LoadBalancer | None = None) -> dict[str, Any]:
     """The JSON body of ``GET /gateway/v2/fleet``."""
     members = [_member(m, status) for m in status.members]
     if not any(m["self"] for m in members):  # (not in the last list: joining, or left)
@@ -114,6 +160,7 @@ def fleet_view(status: FleetStatus) -> dict[str, Any]:
         "memberId": status.member_id,
         "leader": status.leader_id or None,
         "lastError": status.last_error,
+        "internalLoadBalancing": balancing_view(balancer),
         "members": members,
     }
 
@@ -134,7 +181,7 @@ def add_routes(api: AdminApi) -> None:
         membership = gateway.fleet
         if membership is None:
             return error_response(404, "Not found", "this node does not join a membership group")
-        return json_response(fleet_view(membership.status()))
+        return json_response(fleet_view(membership.status(), membership.balancer))
 
     api.app.add_url_rule(f"{API_PREFIX}/fleet", "fleet", fleet, methods=["GET"])
     api.read_only_endpoints.add("fleet")

@@ -25,7 +25,9 @@ from kanal.protocol.framing import DEFAULT_MAX_FRAME_SIZE
 GATEWAY_PREFIX = "GATEWAY_"
 FEATURE_FLAG_PREFIX = "GATEWAY_FEATURE_FLAGS_"
 #: The core's own feature flags (``GATEWAY_FEATURE_FLAGS_<NAME>``); plugins declare theirs.
-CORE_FEATURE_FLAGS = frozenset({"AUDIT", "LIFECYCLE_METRICS", "TOPIC_IDS", "VALIDATE_REQUESTS"})
+CORE_FEATURE_FLAGS = frozenset(
+    {"AUDIT", "INTERNAL_LOAD_BALANCING", "LIFECYCLE_METRICS", "TOPIC_IDS", "VALIDATE_REQUESTS"}
+)
 
 _BOOL = {"true": True, "1": True, "yes": True, "on": True, "false": False, "0": False, "no": False, "off": False}
 
@@ -490,6 +492,12 @@ class Settings:
     def feature(self, name: str, default: bool = False) -> bool:
         """A ``GATEWAY_FEATURE_FLAGS_<NAME>`` flag (name in any case, without the prefix)."""
         return self.feature_flags.get(name.upper(), default)
+
+    @property
+    def internal_load_balancing(self) -> bool:
+        """GATEWAY_FEATURE_FLAGS_INTERNAL_LOAD_BALANCING (on by default): answers spread clients over
+        the fleet's live nodes; off behind an external load balancer (every answer names this node)."""
+        return self.feature("internal_load_balancing", True)
 
     @property
     def fleet_group_id(self) -> str:

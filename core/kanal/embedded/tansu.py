@@ -387,9 +387,12 @@ class TansuBroker:
         """The settings of a gateway in front of this broker on free loopback ports: ``port_count``
         broker ports from the broker's node id, and the admin HTTP port. The membership group's timings
         are short: Tansu holds a JoinGroup for half the session timeout, and a broker stopped while it
-        holds one waits for it (up to 5 s)."""
+        holds one waits for it (up to 5 s). Each call is a fleet of its own (a membership group id of
+        its own): gateways of one broker that share a group spread their clients over each other
+        (internal load balancing), so only those given the same ``GATEWAY_GROUP_ID`` do."""
         return {
             **SHORT_MEMBERSHIP_TIMINGS,
+            "GATEWAY_GROUP_ID": f"kanal-embedded-{os.urandom(6).hex()}",
             "KAFKA_BOOTSTRAP_SERVERS": self.bootstrap,
             "GATEWAY_BIND_HOST": "127.0.0.1",
             "GATEWAY_ADVERTISED_HOST": "127.0.0.1",

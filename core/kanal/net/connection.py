@@ -995,7 +995,7 @@ class ClientConnection:
         body = _decoded(pending, frame)
         if body is None:
             return frame
-        rewritten = self.gateway.core_rules.response(api_key, version, body)
+        rewritten = self.gateway.core_rules.response(api_key, version, body, self.info)
         return frame if rewritten is body else encode_response(rewritten, pending.client_corr)
 
     def _records_in_frame(self, pending: Pending, frame: bytearray) -> bool:
@@ -1027,7 +1027,7 @@ class ClientConnection:
             return frame
         api_key = pending.api_key
         original = body
-        body = self.gateway.core_rules.response(api_key, pending.api_version, body)
+        body = self.gateway.core_rules.response(api_key, pending.api_version, body, self.info)
         dispatcher = self.dispatcher()
         chain = dispatcher.chain
         if chain.responses_for(api_key) or pending.failures or (api_key == ApiKey.FETCH and chain.fetch_records):

@@ -7,6 +7,10 @@ gateway's other calls, and a heartbeat never waits behind them. The service star
 in the background: the node serves its clients from the start, during a cluster outage too, and
 rejoins when the cluster is back. At shutdown the gateway calls :meth:`FleetMembership.leave` first,
 before it drains its client connections.
+
+Each new member list goes to the node's :class:`~kanal.protocol.balance.LoadBalancer` (with internal
+load balancing), which the address rewriting of every client answer reads: the list is replaced
+whole, never changed in place, so readers need no lock.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import trio
 
 from kanal.config.upstream import UpstreamSettings
 from kanal.net.upstream import Address, Bootstrap, BrokerCalls, reason
+from kanal.protocol.balance import LoadBalancer, node_of
 from kanal.protocol.membership import (
     Assigned,
     Event,
@@ -63,6 +68,7 @@ class FleetMembership:
         *,
         on_members: Callable[[int], None] = lambda count: None,
         on_fatal: Callable[[FleetError], None] = lambda error: None,
+        balancer: LoadBalancer | None = None,
     ) -> None:
         self.config = config
         self.upstream = upstream
@@ -70,6 +76,7 @@ class FleetMembership:
         self.max_frame_size = max_frame_size
         self.on_members = on_members  # the member count, at each member list (the gauge)
         self.on_fatal = on_fatal  # what the node cannot go on with: the gateway stops
+        self.balancer = balancer  # fed each member list (None: internal load balancing is off)
         self.member = GroupMember(config, 0.0)
         self.failure: FleetError | None = None
         self._bootstrap = Bootstrap(upstream.bootstrap_servers)
@@ -195,6 +202,8 @@ class FleetMembership:
             changed = ids != self._member_ids
             self._member_ids = ids
             self.on_members(len(event.members))
+            if self.balancer is not None:
+                self.balancer.members_changed(node_of(m.metadata) for m in event.members if m.metadata is not None)
             (log.info if changed else log.debug)(
                 "fleet group %s: generation %d, %d member(s)%s: %s",
                 group,

@@ -7,9 +7,17 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from kanal.api.context import Connection
 from kanal.protocol.api import ApiKey
 from kanal.protocol.api_versions import intersect
-from kanal.protocol.rewrite import Address, AddressOf, broker_addresses, carries_addresses, rewrite_addresses
+from kanal.protocol.rewrite import (
+    Address,
+    AddressOf,
+    broker_addresses,
+    broker_racks,
+    carries_addresses,
+    rewrite_addresses,
+)
 from kanal.protocol.topic_names import TopicNames
 
 __all__ = ["CORE_RESPONSES", "CoreRules"]
@@ -33,14 +41,26 @@ class CoreRules:
         self.advertised_address = advertised_address
         #: APIs the gateway answers itself whatever the broker supports (ApiVersions offers them).
         self.answered_here: frozenset[int] = frozenset()
+        #: The addresses a client connection is to see (internal load balancing: its share of the
+        #: fleet), with what the brokers' racks are; None: :attr:`advertised_address` for everyone.
+        self.addresses_for: Callable[[Connection], AddressOf] | None = None
+        self.learn_racks: Callable[[dict[int, str | None]], None] | None = None
 
-    def response(self, api_key: int, version: int, body: Any) -> Any:
-        """The response as the client is to see it (``body`` itself when nothing changed)."""
+    def response(self, api_key: int, version: int, body: Any, client: Connection | None = None) -> Any:
+        """The response as the client (``client``'s connection, when known) is to see it (``body``
+        itself when nothing changed)."""
         if api_key == ApiKey.API_VERSIONS:
             body = intersect(body, self.answered_here) or body
         elif api_key in (ApiKey.METADATA, ApiKey.DESCRIBE_CLUSTER):
             self.learn_brokers(broker_addresses(api_key, body))
+            if self.learn_racks is not None:
+                self.learn_racks(broker_racks(api_key, body))
             self.topic_names.learn(api_key, body)
         if carries_addresses(api_key, version):
-            body = rewrite_addresses(api_key, body, self.advertised_address) or body
+            if api_key in (ApiKey.PRODUCE, ApiKey.FETCH) and not getattr(body, "node_endpoints", ()):
+                return body  # (no leader hints: the common case, with nothing to look up)
+            address_of = self.advertised_address
+            if client is not None and self.addresses_for is not None:
+                address_of = self.addresses_for(client)
+            body = rewrite_addresses(api_key, body, address_of) or body
         return body

@@ -2,8 +2,11 @@
 
 Every broker address a client sees must be the gateway's, or the client would connect to the
 cluster directly. These functions take a decoded response and a mapping from node id to the
-gateway's advertised address, and return a new response (kio messages are frozen) or ``None``
-when nothing needed to change, so the caller can forward the original bytes.
+gateway's address for that broker, and return a new response (kio messages are frozen) or ``None``
+when nothing needed to change, so the caller can forward the original bytes. The mapping is a
+node's own address (its host, its port for the broker) or, with internal load balancing, the
+client's share of the fleet (:mod:`kanal.protocol.balance`); either way only the brokers' entries
+change, never the partitions, which name their leaders by broker id.
 """
 
 from __future__ import annotations
@@ -78,3 +81,11 @@ def broker_addresses(api_key: int, body: Any) -> dict[int, Address]:
     if api_key not in (ApiKey.METADATA, ApiKey.DESCRIBE_CLUSTER):
         return {}
     return {_node_id(b): (str(b.host), int(b.port)) for b in body.brokers}
+
+
+def broker_racks(api_key: int, body: Any) -> dict[int, str | None]:
+    """The racks of the upstream brokers a Metadata or DescribeCluster response announces (nothing
+    for versions without the field: Metadata v0 says nothing of racks, rather than "none")."""
+    if api_key not in (ApiKey.METADATA, ApiKey.DESCRIBE_CLUSTER):
+        return {}
+    return {_node_id(b): (None if b.rack is None else str(b.rack)) for b in body.brokers if hasattr(b, "rack")}
