@@ -82,6 +82,7 @@ def idle_connections(opts: Options, name: str) -> Report:
 # Plugin scenarios kept in modules of their own register themselves on import.
 import kanalbench.dataquality_scenario  # noqa: E402  (dataquality-throughput)
 import kanalbench.encryption_scenario  # noqa: E402  (encryption)
+import kanalbench.fleet_scenario  # noqa: E402  (fleet)
 import kanalbench.pooling_scenario  # noqa: E402  (pooled-clients)
 import kanalbench.request_rate_scenario  # noqa: E402  (request-rate)
 import kanalbench.safeguards_scenario  # noqa: E402  (safeguards)

@@ -11,6 +11,8 @@ the same code runs against the broker and against the gateway, only ``bootstrap`
   stdin closes (the driver reads the gateway's memory meanwhile).
 - ``clients``: many producers at a fixed total rate and many long-polling consumers at once, started
   together with the other worker processes of a run (pooled-clients).
+- ``produce-together``: ``produce``, started at a time the driver sends, together with the other
+  producer processes of a run (fleet).
 """
 
 from __future__ import annotations
@@ -92,6 +94,42 @@ def produce(
     if left or failed:
         raise RuntimeError(f"produce failed: {left} undelivered, {len(failed)} errors, first: {failed[:1]}")
     return {"seconds": seconds, "records": records, "bytes": records * size}
+
+
+def produce_together(
+    bootstrap: str, topic: str, size: int, records: int, client_id: str, payload: str = "bytes"
+) -> dict[str, Any]:
+    """``produce`` as fast as the client can, from a start time the driver sends: prints
+    ``{"ready": ...}`` once connected with its metadata, reads a Unix time from stdin, sends from then
+    on and answers when every record is acknowledged, with its end as Unix time."""
+    from confluent_kafka import Producer
+
+    failed: list[str] = []
+
+    def on_error(err: Any, _msg: Any) -> None:
+        if err is not None:
+            failed.append(str(err))
+
+    producer = Producer(producer_config(bootstrap, **{"client.id": client_id}), on_delivery=on_error)
+    producer.list_topics(topic, timeout=10)
+    vals = values(size, payload)
+    mask = DISTINCT_VALUES - 1
+    send = producer.produce
+    print(json.dumps({"ready": True}), flush=True)
+    start_wall = float(sys.stdin.readline())
+    time.sleep(max(0.0, start_wall - time.time()))
+    start = time.perf_counter()
+    for i in range(records):
+        try:
+            send(topic, vals[i & mask])
+        except BufferError:
+            producer.poll(0.01)
+            send(topic, vals[i & mask])
+    left = producer.flush(120)
+    seconds = time.perf_counter() - start
+    if left or failed:
+        raise RuntimeError(f"produce failed: {left} undelivered, {len(failed)} errors, first: {failed[:1]}")
+    return {"seconds": seconds, "end": time.time(), "records": records, "bytes": records * size}
 
 
 def consume(
@@ -545,6 +583,7 @@ def fetch_loop(bootstrap: str, topic: str, records: int, partition_bytes: int = 
 
 JOBS: dict[str, Callable[..., dict[str, Any]]] = {
     "produce": produce,
+    "produce-together": produce_together,
     "fetch-loop": fetch_loop,
     "consume": consume,
     "latency": latency,
