@@ -132,6 +132,7 @@ class Gateway:
             ResolvingTopicNames(self.topic_names, self.kafka),
             self.kafka,
         )
+        self.core_services.fleet_host = self  # GatewayServices.fleet: this node's membership group
         self.pipeline = Pipeline(registry, self.services_for, self._retire, environ)
         self.service_accounts = ServiceAccounts()  # the GatewayServiceAccount resources applied
         self.groups = Groups(on_change=self.pipeline.groups_changed)  # the GatewayGroup resources applied

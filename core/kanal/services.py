@@ -2,22 +2,34 @@
 
 One :class:`CoreServices` per gateway holds the shared parts; each plugin gets a
 :class:`PluginServices` view of it, so ``install`` replaces exactly that plugin's interceptors. Tasks
-started before the gateway serves wait in a queue and start with it.
+started before the gateway serves wait in a queue and start with it. :class:`GatewayFleet` is the
+plugins' view of the gateway's membership group (:class:`kanal.net.membership.FleetMembership`).
 """
 
 from __future__ import annotations
 
 import logging
+import time
 import uuid
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import trio
 
+from kanal import __version__
 from kanal.api.context import Connection
 from kanal.api.errors import UpstreamError
 from kanal.api.interceptor import InterceptorSpec
-from kanal.api.services import GatewayAcls, GatewayServices, Identities, KafkaClient, Principal, StateLog
+from kanal.api.services import (
+    Fleet,
+    FleetMember,
+    GatewayAcls,
+    GatewayServices,
+    Identities,
+    KafkaClient,
+    Principal,
+    StateLog,
+)
 from kanal.audit import AuditLog
 from kanal.authz.acl import user_principal
 from kanal.authz.store import AclDirectory
@@ -28,17 +40,20 @@ from kanal.net.kafka_client import GatewayKafkaClient
 from kanal.net.state_log import CompactedLog
 from kanal.protocol.acl_codes import Operation as AclOperation
 from kanal.protocol.acl_codes import ResourceType as AclResourceType
+from kanal.protocol.member_metadata import MemberMetadata
+from kanal.protocol.membership import FleetStatus, NodeState
 from kanal.protocol.topic_names import TopicNames
 
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
 
     from kanal.config.settings import Settings
+    from kanal.net.membership import FleetMembership
     from kanal.pipeline.chain import Pipeline
 
 log = logging.getLogger(__name__)
 
-__all__ = ["CoreServices", "PluginServices", "ResolvingTopicNames", "TokenIdentities"]
+__all__ = ["CoreServices", "FleetHost", "GatewayFleet", "PluginServices", "ResolvingTopicNames", "TokenIdentities"]
 
 
 class ResolvingTopicNames:
@@ -89,6 +104,117 @@ class TokenIdentities(Identities):
         return Principal(identity.principal, identity.groups, identity.vcluster)
 
 
+class FleetHost(Protocol):
+    """What the fleet view reads of the gateway (:class:`kanal.gateway.Gateway` is one)."""
+
+    node_id: str
+    fleet: FleetMembership | None  # None before the gateway serves, or when it joins no group
+    advertised_host: str
+    port_count: int | None
+    started_ms: int
+
+
+#: How often :meth:`GatewayFleet.changed` looks at the membership (it has no change callback).
+FLEET_POLL = 0.1
+
+
+def _member(metadata: MemberMetadata, leader: bool) -> FleetMember:
+    return FleetMember(
+        node_id=metadata.node_id,
+        host=metadata.host,
+        first_port=metadata.first_port,
+        last_port=metadata.last_port,
+        http_port=metadata.http_port,
+        rack=metadata.rack,
+        version=metadata.version,
+        start_time_ms=metadata.start_time_ms,
+        leader=leader,
+    )
+
+
+class GatewayFleet(Fleet):
+    """The plugins' view of the gateway's membership group (:attr:`GatewayServices.fleet`), read
+    from the gateway's :class:`~kanal.net.membership.FleetMembership` at each access. Without a
+    membership (a gateway built with ``fleet=False``, or no gateway) the node is a fleet of one that
+    it leads."""
+
+    def __init__(self, core: CoreServices) -> None:
+        self._core = core
+        self._own_id = str(uuid.uuid4())  # (only without a gateway)
+        self._started_ms = int(time.time() * 1000)
+
+    def _status(self) -> FleetStatus | None:
+        host = self._core.host()
+        membership = host.fleet if host is not None else None
+        return membership.status() if membership is not None else None
+
+    def _alone(self) -> FleetMember:
+        settings = self._core.gateway_settings
+        host = self._core.host()
+        count = (host.port_count if host is not None else None) or settings.port_count or 1
+        return FleetMember(
+            node_id=self.node_id,
+            host=host.advertised_host if host is not None else settings.advertised_host or settings.bind_host,
+            first_port=settings.port_start,
+            last_port=settings.port_start + count - 1,
+            http_port=settings.http_port,
+            rack=settings.rack_id,
+            version=__version__,
+            start_time_ms=host.started_ms if host is not None else self._started_ms,
+            leader=True,
+        )
+
+    @property
+    def node_id(self) -> str:
+        status = self._status()
+        if status is not None:
+            return status.node.node_id  # (the gateway's node id, as it announces it)
+        host = self._core.host()
+        return host.node_id if host is not None else self._own_id
+
+    @property
+    def members(self) -> tuple[FleetMember, ...]:
+        status = self._status()
+        if status is None:
+            return (self._alone(),)
+        leader = status.leader_id
+        return tuple(
+            _member(m.metadata, bool(leader) and m.member_id == leader)
+            for m in status.members
+            if m.metadata is not None
+        )
+
+    @property
+    def leader(self) -> FleetMember | None:
+        return next((m for m in self.members if m.leader), None)
+
+    @property
+    def is_leader(self) -> bool:
+        status = self._status()
+        if status is None:
+            return True
+        return status.state is NodeState.STABLE and bool(status.member_id) and status.leader_id == status.member_id
+
+    @property
+    def generation(self) -> int:
+        status = self._status()
+        return 0 if status is None else status.generation
+
+    def _view(self) -> tuple[Any, ...]:
+        status = self._status()
+        if status is None:
+            return (None,)
+        member_ids = tuple(m.member_id for m in status.members)
+        return (status.generation, status.leader_id, member_ids, self.is_leader)
+
+    async def changed(self) -> None:
+        seen = self._view()
+        while True:
+            await trio.sleep(FLEET_POLL)
+            if self._view() != seen:
+                return
+
+
 class CoreServices:
     """What every plugin's services share: one per gateway."""
 
@@ -110,9 +236,16 @@ class CoreServices:
         self.identities: Identities = TokenIdentities(settings.user_pool_secret_key, ServiceAccounts())
         self.audit_log: AuditLog | None = None  # the gateway's (plugins' events are dropped without one)
         self.acls: GatewayAcls | None = None  # the passthrough cluster's, when the gateway enforces them
+        # The gateway, for its membership group (the gateway sets it: ``fleet_host = gateway``).
+        self.fleet_host: FleetHost | None = None
+        self.fleet = GatewayFleet(self)
         self._plugins: dict[str, PluginServices] = {}
         self._nursery: trio.Nursery | None = None
         self._queued: list[tuple[Callable[..., Awaitable[Any]], tuple[Any, ...], str]] = []
+
+    def host(self) -> FleetHost | None:
+        """The gateway whose membership :attr:`fleet` shows (None without a gateway)."""
+        return self.fleet_host
 
     def for_plugin(self, plugin: str) -> PluginServices:
         services = self._plugins.get(plugin)
@@ -182,6 +315,10 @@ class PluginServices(GatewayServices):
     @property
     def acls(self) -> GatewayAcls | None:
         return self._core.acls
+
+    @property
+    def fleet(self) -> Fleet:
+        return self._core.fleet
 
     @property
     def hook_timeout(self) -> float:

@@ -13,7 +13,13 @@ encoded as the gateway would send them, so a change the wire cannot carry fails 
     assert exchange.forwarded is None and exchange.response.topics[0].error_code == ErrorCode.policy_violation
 
 :class:`FakeServices` is a :class:`~kanal.api.GatewayServices` without a gateway: in-memory state logs,
-a Kafka client that answers with a function you give, settings from a dict, installs recorded.
+a Kafka client that answers with a function you give, settings from a dict, installs recorded, and a
+:class:`FakeFleet` whose leader the test chooses:
+
+    fleet = FakeFleet(members=["node-1", "node-2"], leader="node-2")  # this node is "node-1"
+    services = FakeServices(fleet=fleet)
+    ...
+    fleet.rebalance(leader="node-1")  # a new generation: this node leads; fleet.changed() returns
 """
 
 from __future__ import annotations
@@ -21,7 +27,7 @@ from __future__ import annotations
 import inspect
 import uuid
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import trio
@@ -31,7 +37,16 @@ from kanal.api.context import Connection, RecordsContext, RequestContext, Respon
 from kanal.api.errors import LogError, UpstreamError
 from kanal.api.interceptor import Interceptor, InterceptorSpec, validate_config
 from kanal.api.results import PartitionError
-from kanal.api.services import GatewayAcls, Identities, KafkaClient, LogRecord, Principal, StateLog
+from kanal.api.services import (
+    Fleet,
+    FleetMember,
+    GatewayAcls,
+    Identities,
+    KafkaClient,
+    LogRecord,
+    Principal,
+    StateLog,
+)
 from kanal.net.upstream import own_request_class
 from kanal.pipeline.chain import Configured, build_chain, configured
 from kanal.pipeline.dispatch import Dispatcher, PartitionFailure
@@ -41,7 +56,16 @@ from kanal.protocol.headers import parse_request_header
 from kanal.protocol.messages import decode_request_body, decode_response, encode_request, encode_response
 from kanal.protocol.records import RecordSet
 
-__all__ = ["Exchange", "FakeIdentities", "FakeKafka", "FakeServices", "Harness", "MemoryStateLog"]
+__all__ = [
+    "Exchange",
+    "FakeFleet",
+    "FakeIdentities",
+    "FakeKafka",
+    "FakeServices",
+    "Harness",
+    "MemoryStateLog",
+    "fleet_member",
+]
 
 Answer = Callable[[Any], Any]  # a request -> its response (or an awaitable of it)
 
@@ -149,11 +173,104 @@ class FakeIdentities:
         return self.logins.get((username, token))
 
 
+_KEEP: Any = object()
+
+
+def fleet_member(node_id: str, *, leader: bool = False, index: int = 0) -> FleetMember:
+    """A :class:`~kanal.api.FleetMember` with made-up addresses (node ``index`` of a fleet on one host)."""
+    first = 6969 + 10 * index
+    return FleetMember(
+        node_id=node_id,
+        host="127.0.0.1",
+        first_port=first,
+        last_port=first + 2,
+        http_port=8888 + index,
+        rack=None,
+        version="0.0.0",
+        start_time_ms=1_700_000_000_000 + index,
+        leader=leader,
+    )
+
+
+class FakeFleet(Fleet):
+    """:class:`~kanal.api.Fleet` for tests: the members and the leader are what the test says.
+
+    ``FakeFleet()`` is a fleet of one that this node leads (a gateway alone). ``members`` are node ids
+    (made-up addresses) or :class:`~kanal.api.FleetMember` objects, this node's included (added when
+    missing); ``leader`` is the leading node's id, or None for no leader (a fleet still joining).
+    :meth:`rebalance` makes a new generation and wakes the tasks waiting in :meth:`changed`."""
+
+    def __init__(
+        self,
+        *,
+        node_id: str = "node-1",
+        members: Sequence[str | FleetMember] | None = None,
+        leader: str | None = _KEEP,
+    ) -> None:
+        self._node_id = node_id
+        self._members: tuple[FleetMember, ...] = ()
+        self._leader: str | None = None
+        self._generation = 0
+        self._changed = trio.Event()
+        self.rebalance(
+            members=members if members is not None else [node_id], leader=node_id if leader is _KEEP else leader
+        )
+
+    def rebalance(self, *, members: Sequence[str | FleetMember] = _KEEP, leader: str | None = _KEEP) -> None:
+        """A new generation of the group: ``members`` and ``leader`` as given (unchanged when left
+        out); the generation goes up by one and :meth:`changed` returns in every waiting task."""
+        if members is not _KEEP:
+            listed = [m if isinstance(m, FleetMember) else fleet_member(m, index=i) for i, m in enumerate(members)]
+            if not any(m.node_id == self._node_id for m in listed):
+                listed.append(fleet_member(self._node_id, index=len(listed)))
+            self._members = tuple(listed)
+        if leader is not _KEEP:
+            self._leader = leader
+        self._generation += 1
+        changed, self._changed = self._changed, trio.Event()
+        changed.set()
+
+    def lead(self) -> None:
+        """A new generation that this node leads."""
+        self.rebalance(leader=self._node_id)
+
+    def follow(self, leader: str) -> None:
+        """A new generation led by node ``leader`` (added to the members when missing)."""
+        if not any(m.node_id == leader for m in self._members):
+            self.rebalance(members=[*self._members, leader], leader=leader)
+        else:
+            self.rebalance(leader=leader)
+
+    @property
+    def node_id(self) -> str:
+        return self._node_id
+
+    @property
+    def members(self) -> tuple[FleetMember, ...]:
+        return tuple(replace(m, leader=m.node_id == self._leader) for m in self._members)
+
+    @property
+    def leader(self) -> FleetMember | None:
+        return next((m for m in self.members if m.leader), None)
+
+    @property
+    def is_leader(self) -> bool:
+        return self._leader == self._node_id
+
+    @property
+    def generation(self) -> int:
+        return self._generation
+
+    async def changed(self) -> None:
+        await self._changed.wait()
+
+
 class FakeServices:
     """:class:`~kanal.api.GatewayServices` for tests, with what a plugin did kept for assertions:
     ``installed`` (the specs of every ``install`` call), ``logs`` (state logs by topic), ``tasks``
     (started with ``start_soon``; :meth:`run_tasks` runs them), ``audited`` (the ``audit`` calls:
-    event type, connection, event data)."""
+    event type, connection, event data). ``fleet`` is a :class:`FakeFleet` (alone and leading unless
+    the test gives another)."""
 
     def __init__(
         self,
@@ -165,8 +282,10 @@ class FakeServices:
         identities: Identities | None = None,
         acls: GatewayAcls | None = None,
         hook_timeout: float = 10.0,
+        fleet: Fleet | None = None,
     ) -> None:
         self._cluster_id = cluster_id
+        self._fleet = fleet if fleet is not None else FakeFleet()
         self._hook_timeout = hook_timeout
         self._acls = acls
         self._identities = identities if identities is not None else FakeIdentities()
@@ -208,6 +327,10 @@ class FakeServices:
     @property
     def hook_timeout(self) -> float:
         return self._hook_timeout
+
+    @property
+    def fleet(self) -> Fleet:
+        return self._fleet
 
     @property
     def acls(self) -> GatewayAcls | None:

@@ -10,7 +10,13 @@ retention) holds three kinds of JSON records, keyed by policy name:
 * ``suppressed``: violations a node did not report one by one (``DATA_QUALITY_MAX_REPORTS_PER_SECOND``),
   as a count, so that alerts still see them;
 * ``counts``: a node's evaluated and violation counts per policy for one minute, published every
-  ``DATA_QUALITY_COUNTS_FLUSH_INTERVAL`` (at most a minute).
+  ``DATA_QUALITY_COUNTS_FLUSH_INTERVAL`` (at most a minute);
+* ``checkpoint`` (keyed by cluster name): where the observer of a cluster without a gateway stands,
+  ``cluster``, ``positions`` (``[topic, partition, next offset]`` triples), ``node``, ``fleetNode``
+  (the gateway's fleet node id), ``time``, ``final`` (written as the node stopped observing). A node
+  writes one with its counts, after them in the same request, when its positions moved, so the counts
+  of the records before a checkpoint's positions are in the topic whenever the checkpoint is. The
+  observer that takes over (the fleet's new leader) goes on from the last one.
 
 Every node follows the topic from its start, so each serves the whole fleet's history and counts, and
 a restart loses nothing. A node shows its own violations at once (before they come back from the
@@ -34,7 +40,7 @@ import trio
 
 from kanal.api import LogError, LogRecord, StateLog
 
-__all__ = ["RANGES", "History", "Reporter", "follow", "publish"]
+__all__ = ["RANGES", "Checkpoint", "Checkpoints", "History", "Reporter", "follow", "publish"]
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +69,102 @@ class _PolicyHistory:
 
 Listener = Callable[[str, int, int, str], None]  # (policy, time ms, violation count, origin node)
 
+Positions = dict[tuple[str, int], int]  # (topic, partition) -> the next offset to read
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """Where a node's observer of one cluster stood, as the history topic says."""
+
+    cluster: str
+    node: str  # the data-quality node id of the node that wrote it
+    fleet_node: str | None  # its fleet node id
+    positions: Positions
+    final: bool  # written as that node stopped observing the cluster
+    time: int
+
+
+class Checkpoints:
+    """The observer's positions on the clusters without a gateway: this node's own (live while it
+    observes) and the last checkpoint of each cluster in the history topic (any node's)."""
+
+    def __init__(self, node: str) -> None:
+        self.node = node
+        self.fleet_node: str | None = None  # written into the checkpoints (the fleet's node id)
+        self.local: dict[str, Positions] = {}  # cluster -> this node's positions (the observer's live dict)
+        self.active: set[str] = set()  # the clusters this node observes now
+        self.last: dict[str, Checkpoint] = {}  # cluster -> the last checkpoint read from the topic
+        self._published: dict[str, tuple[Positions, bool]] = {}
+
+    def resume(self, cluster: str) -> Positions:
+        """The positions this node's observer of ``cluster`` goes on from, registered as its live
+        dict (the observer changes it in place): the last checkpoint's when another node wrote it
+        (it observed after this node did, or this node never did), else this node's own (at least as
+        far as its last checkpoint)."""
+        last = self.last.get(cluster)
+        positions = self.local.get(cluster)
+        if last is not None and last.node != self.node:
+            positions = dict(last.positions)
+        elif positions is None:
+            positions = {}
+        self.local[cluster] = positions
+        self.active.add(cluster)
+        return positions
+
+    def stop(self, cluster: str) -> None:
+        """This node no longer observes ``cluster``: its next checkpoint is final."""
+        self.active.discard(cluster)
+
+    def handing_over(self, clusters: Iterable[str]) -> bool:
+        """Whether the last checkpoint of one of ``clusters`` is another node's and not final: that
+        node may still be writing its last one (it stopped observing at about the time this one
+        started)."""
+        for cluster in clusters:
+            last = self.last.get(cluster)
+            if last is not None and last.node != self.node and not last.final:
+                return True
+        return False
+
+    def read(self, item: Mapping[str, Any], timestamp: int) -> None:
+        """A checkpoint record read back from the topic (malformed ones are skipped)."""
+        try:
+            cluster = str(item["cluster"])
+            positions = {(str(t), int(p)): int(o) for t, p, o in item["positions"]}
+            checkpoint = Checkpoint(
+                cluster,
+                str(item["node"]),
+                item.get("fleetNode"),
+                positions,
+                bool(item.get("final", False)),
+                int(item.get("time", timestamp)),
+            )
+        except (KeyError, TypeError, ValueError):
+            return
+        self.last[cluster] = checkpoint
+
+    def drain(self, closing: bool) -> list[tuple[bytes, bytes]]:
+        """Checkpoint records of the clusters whose positions (or whose observation) changed since the
+        last drain; all final when ``closing`` (the node stops)."""
+        items = []
+        now = _now_ms()
+        for cluster, positions in self.local.items():
+            final = closing or cluster not in self.active
+            state = (dict(positions), final)
+            if self._published.get(cluster) == state:
+                continue
+            self._published[cluster] = state
+            body = {
+                "type": "checkpoint",
+                "node": self.node,
+                "fleetNode": self.fleet_node,
+                "time": now,
+                "cluster": cluster,
+                "positions": [[t, p, o] for (t, p), o in sorted(positions.items())],
+                "final": final,
+            }
+            items.append((cluster.encode(), orjson.dumps(body)))
+        return items
+
 
 class History:
     """Violation entries and per-minute counts of every policy, as this node knows them."""
@@ -73,8 +175,25 @@ class History:
         self.clock = clock
         self._policies: dict[str, _PolicyHistory] = {}
         self.listeners: list[Listener] = []  # told about violations in log order (alerts)
+        self.checkpoints = Checkpoints(node)
         self.position = 0
         self.loaded = trio.Event()
+        self._moved = trio.Event()
+
+    def advance(self, offset: int) -> None:
+        """The follower read the topic up to ``offset`` (exclusive)."""
+        self.position = max(self.position, offset)
+        moved, self._moved = self._moved, trio.Event()
+        moved.set()
+
+    async def moved(self) -> None:
+        """Returns after the follower's next read (every half second at most while it follows)."""
+        await self._moved.wait()
+
+    async def reach(self, offset: int) -> None:
+        """Returns once the follower has read the topic up to ``offset``."""
+        while self.position < offset:
+            await self._moved.wait()
 
     def _policy(self, name: str) -> _PolicyHistory:
         item = self._policies.get(name)
@@ -117,6 +236,8 @@ class History:
                     self.add_counts(int(item["minute"]), item["counts"])
                 except (KeyError, TypeError, ValueError):
                     continue
+            elif kind == "checkpoint":
+                self.checkpoints.read(item, record.timestamp)
 
     def _notify(self, policy: str, at: int, count: int, node: str) -> None:
         for listener in self.listeners:
@@ -208,6 +329,12 @@ class Reporter:
         self.wakeup = trio.Event()
         self.dropped_hook: Callable[[str, int], None] | None = None
         self.connected = False  # True once a publisher serves the queue
+        self.flush_requested = False  # publish the counts (and checkpoints) now, not at the interval
+
+    def flush_soon(self) -> None:
+        """Asks the publisher for the counts and checkpoints now (the observer stopped)."""
+        self.flush_requested = True
+        self.wakeup.set()
 
     def count(self, policy: str, evaluated: int, violations: int, now_ms: int | None = None) -> None:
         minute = (now_ms if now_ms is not None else self.clock()) // 60_000
@@ -239,8 +366,9 @@ class Reporter:
         self.wakeup.set()
         return True
 
-    def drain(self, counts: bool) -> list[tuple[bytes, bytes]]:
-        """Everything to publish now: queued entries, suppressed counts, and (when ``counts``) the counts."""
+    def drain(self, counts: bool, closing: bool = False) -> list[tuple[bytes, bytes]]:
+        """Everything to publish now: queued entries, suppressed counts, and (when ``counts``) the counts
+        then the observer's checkpoints (final ones when ``closing``)."""
         items, self.queue = self.queue, []
         now = self.clock()
         for policy, count in self.suppressed.items():
@@ -252,6 +380,8 @@ class Reporter:
             for minute, by_policy in sorted(pending.items()):
                 body = {"type": "counts", "node": self.node, "time": now, "minute": minute, "counts": by_policy}
                 items.append((b"", orjson.dumps(body)))
+        if counts:
+            items.extend(self.history.checkpoints.drain(closing))
         return items
 
     def flush_local(self) -> None:
@@ -265,34 +395,59 @@ def new_node_id() -> str:
     return uuid.uuid4().hex[:12]
 
 
+#: How long a stopping node may take to write its last counts and checkpoints.
+FINAL_FLUSH_TIMEOUT = 2.0
+
+
+async def _append(log_: StateLog, backlog: list[tuple[bytes, bytes]]) -> None:
+    """Writes the backlog (removing what was written) in requests of at most 500 records, the last
+    request whole: the counts and checkpoints at the end of a drain go in one request."""
+    while backlog:
+        size = len(backlog) % 500 or 500
+        await log_.append_many(backlog[:size])
+        del backlog[:size]
+
+
 async def publish(reporter: Reporter, log_: StateLog, flush_interval: float) -> None:
-    """Publishes the reporter's queue as it fills (at most ~every 50 ms), and counts every interval."""
+    """Publishes the reporter's queue as it fills (at most ~every 50 ms), and counts every interval
+    (at once when asked: :meth:`Reporter.flush_soon`). When it stops (the gateway stops), it writes
+    what is left, its counts and final checkpoints, within :data:`FINAL_FLUSH_TIMEOUT`."""
     reporter.connected = True
     next_counts = trio.current_time() + flush_interval
     backlog: list[tuple[bytes, bytes]] = []
     delay = 0.2
-    while True:
-        with trio.move_on_at(min(next_counts, trio.current_time() + 1.0)):
-            await reporter.wakeup.wait()
-        reporter.wakeup = trio.Event()
-        due = trio.current_time() >= next_counts
-        if due:
-            next_counts = trio.current_time() + flush_interval
-        backlog.extend(reporter.drain(due))
-        if not backlog:
-            continue
-        try:
-            for start in range(0, len(backlog), 500):
-                await log_.append_many(backlog[start : start + 500])
-            backlog = []
-            delay = 0.2
-        except LogError as exc:
-            log.warning("data quality history: %s (retrying)", exc)
-            if len(backlog) > 100_000:
-                del backlog[: len(backlog) - 100_000]
-            await trio.sleep(delay)
-            delay = min(delay * 2, 5.0)
-        await trio.sleep(0.05)
+    try:
+        while True:
+            with trio.move_on_at(min(next_counts, trio.current_time() + 1.0)):
+                await reporter.wakeup.wait()
+            reporter.wakeup = trio.Event()
+            due = reporter.flush_requested or trio.current_time() >= next_counts
+            if due:
+                reporter.flush_requested = False
+                next_counts = trio.current_time() + flush_interval
+            backlog.extend(reporter.drain(due))
+            if not backlog:
+                continue
+            try:
+                await _append(log_, backlog)
+                delay = 0.2
+            except LogError as exc:
+                log.warning("data quality history: %s (retrying)", exc)
+                if len(backlog) > 100_000:
+                    del backlog[: len(backlog) - 100_000]
+                await trio.sleep(delay)
+                delay = min(delay * 2, 5.0)
+            await trio.sleep(0.05)
+    finally:
+        with trio.CancelScope(shield=True) as final:
+            final.deadline = trio.current_time() + FINAL_FLUSH_TIMEOUT
+            backlog.extend(reporter.drain(True, closing=True))
+            try:
+                await _append(log_, backlog)
+            except LogError as exc:
+                log.warning("data quality history: the last counts and reports were not written: %s", exc)
+        if final.cancelled_caught:
+            log.warning("data quality history: the last counts and reports were not written in time")
 
 
 async def follow(
@@ -326,7 +481,7 @@ async def follow(
             continue
         delay = 0.2
         history.ingest(records)
-        history.position = max(history.position, next_offset)
+        history.advance(next_offset)
         if time.monotonic() - last_prune > 60:
             history.prune()
             last_prune = time.monotonic()

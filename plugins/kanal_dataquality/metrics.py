@@ -9,7 +9,9 @@ Counted per policy, once per partition batch (never per record):
 * ``gateway_data_quality_reports_dropped_total{policy}``: history entries not kept (rate limit);
 * ``gateway_data_quality_alert_firing{alert, policy}``: 1 while an alert is firing (until its window ends);
 * ``gateway_data_quality_alerts_fired_total{alert, policy}``: times an alert fired;
-* ``gateway_data_quality_schema_lookups_total{result}``: schema registry lookups (found, unknown, unreachable).
+* ``gateway_data_quality_schema_lookups_total{result}``: schema registry lookups (found, unknown, unreachable);
+* ``gateway_data_quality_observer_active``: 1 while this node observes the clusters without a gateway
+  (it leads its fleet), else 0.
 
 These are this node's live counters. The admin API's per-policy counts over 30 minutes to 7 days
 are fleet-wide: each node publishes its counts to the history topic (every
@@ -69,6 +71,11 @@ class DataQualityMetrics:
             "gateway_data_quality_schema_lookups",
             "Schema registry lookups of the data quality plugin, by result",
             ["result"],
+            registry=r,
+        )
+        self.observing = Gauge(
+            "gateway_data_quality_observer_active",
+            "1 while this node observes the clusters without a gateway (it leads its fleet)",
             registry=r,
         )
         self._bound: dict[str, tuple[Counter, Counter, Counter, Counter]] = {}

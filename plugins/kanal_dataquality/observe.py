@@ -1,22 +1,38 @@
 """Policies on Kafka clusters without a gateway: evaluated by consuming their target topics.
 
 A policy whose targets name a cluster of ``DATA_QUALITY_CLUSTERS`` cannot act on produced records (no
-gateway sees them), so it observes: this node reads the target topics of that cluster after the
-records are written and counts and reports them like a gateway policy (evaluated and violation
-counts, history entries with action ``OBSERVED``); block and mark are refused when the policy is
-created.
+gateway sees them), so it observes: a node reads the target topics of that cluster after the records
+are written and counts and reports them like a gateway policy (evaluated and violation counts,
+history entries with action ``OBSERVED``); block and mark are refused when the policy is created.
 
-How: every few seconds the observer lists the cluster's topics (Metadata) and starts following each
-partition of every targeted topic from its end at the moment it is first seen (records written
-earlier are not evaluated; a restart starts again from the end). It fetches from the partition
-leaders, long-polling, with a Kafka client of the gateway's own (``services.connect``, configured
-like the gateway's upstream from the cluster's ``bootstrapServers`` and ``properties``; no client
-library).
-Records are evaluated with the same plans and engines as on the gateway; schema ids go through the
-registry as for produced records.
+One node of the fleet observes: the leader of the fleet's membership group (``services.fleet``),
+while it leads. When the leadership moves (the leader stops or vanishes, the group rebalances), the
+old leader stops and the new one goes on from where the observer stood, as the history topic's
+checkpoints say (:class:`~kanal_dataquality.history.Checkpoints`): a node that becomes the leader
+first reads the history topic to its end (and waits up to :data:`HANDOVER_WAIT` seconds for the
+previous observer's last, final checkpoint when it has not come yet), then starts each partition at
+the checkpoint's offset. A partition that no checkpoint names starts at its end when it is first seen
+(records written earlier are not evaluated).
 
-In a fleet every node with ``DATA_QUALITY_OBSERVER=true`` (the default) observes; set it to false on
-all nodes but one (there is no partition assignment between nodes).
+Checkpoints are written with the node's counts, after them in one request (every
+``DATA_QUALITY_COUNTS_FLUSH_INTERVAL``, and at once when the node stops observing or stops), so the
+counts of the records before a checkpoint are in the history topic exactly when the checkpoint is:
+
+* a handover by a stop (SIGTERM, a rebalance that moves the leadership) counts every record once:
+  the old observer's last counts and final checkpoint are written before the new one starts;
+* when the observer vanishes (SIGKILL, a lost machine), the records after its last checkpoint are
+  evaluated again by the next one, and their counts, which the vanished node had not written, are
+  counted once; their history entries (written as they come) may appear twice, as with a Kafka
+  consumer's at-least-once delivery.
+
+It fetches from the partition leaders, long-polling, with a Kafka client of the gateway's own
+(``services.connect``, configured like the gateway's upstream from the cluster's ``bootstrapServers``
+and ``properties``; no client library). Records are evaluated with the same plans and engines as on
+the gateway; schema ids go through the registry as for produced records. Every few seconds the
+observer lists the cluster's topics (Metadata) to find new targeted partitions.
+
+``DATA_QUALITY_OBSERVER=false`` keeps a node from observing even when it leads: set it alike on every
+node of a fleet.
 """
 
 from __future__ import annotations
@@ -28,18 +44,34 @@ from typing import Any
 
 import trio
 
-from kanal.api import ErrorCode, GatewayServices, KafkaClient, RecordSet, UpstreamError, build, has_field, nested
+from kanal.api import (
+    ErrorCode,
+    GatewayServices,
+    KafkaClient,
+    LogError,
+    RecordSet,
+    StateLog,
+    UpstreamError,
+    build,
+    has_field,
+    nested,
+    while_leader,
+)
 from kanal_dataquality.evaluate import evaluate, needed, schema_refs
+from kanal_dataquality.history import Positions
 from kanal_dataquality.policies import Plan
 from kanal_dataquality.runtime import Runtime
 from kanal_dataquality.settings import ObservedCluster
 
-__all__ = ["ClusterReader", "observe"]
+__all__ = ["HANDOVER_WAIT", "ClusterReader", "observe", "observe_as_leader", "observe_cluster"]
 
 log = logging.getLogger(__name__)
 
 _MAX_BYTES = 8 * 1024 * 1024
 REFRESH = 3.0  # seconds between topic listings
+#: How long a new observer waits for its predecessor's final checkpoint (when the last checkpoint is
+#: not final: the predecessor may be writing it, or it vanished).
+HANDOVER_WAIT = 5.0
 
 
 def _build(cls: Any, **values: Any) -> Any:
@@ -136,7 +168,7 @@ class ClusterReader:
                     tp = (str(topic.topic), int(part.partition_index))
                     if part.error_code != ErrorCode.none:
                         if part.error_code == ErrorCode.offset_out_of_range:
-                            out[tp] = (RecordSet.parse(None), max(positions[tp], int(part.log_start_offset)))
+                            out[tp] = (RecordSet.parse(None), _in_range(positions[tp], part))
                         continue
                     records = RecordSet.parse(part.records)
                     next_offset = positions[tp]
@@ -144,6 +176,19 @@ class ClusterReader:
                         next_offset = max(next_offset, batch.next_offset)
                     out[tp] = (records, next_offset)
         return out
+
+
+def _in_range(position: int, part: Any) -> int:
+    """Where to go on after OFFSET_OUT_OF_RANGE: the log start when the records were deleted, the
+    end when the position is past it (a checkpoint of a topic since recreated); -1 when the answer
+    does not tell (the partition then starts again at its end)."""
+    start = int(getattr(part, "log_start_offset", -1))
+    end = int(getattr(part, "high_watermark", -1))
+    if position < start:
+        return start
+    if 0 <= end < position:
+        return end
+    return -1
 
 
 async def _evaluate(
@@ -165,11 +210,13 @@ async def _evaluate(
     runtime.record(plan, result, topic, partition, None, cluster=cluster, enforce=False)
 
 
-async def observe_cluster(runtime: Runtime, services: GatewayServices, cluster: ObservedCluster) -> None:
-    """Follows the targeted topics of one cluster while policies target it."""
+async def observe_cluster(
+    runtime: Runtime, services: GatewayServices, cluster: ObservedCluster, positions: Positions
+) -> None:
+    """Follows the targeted topics of one cluster while policies target it, from ``positions`` (changed
+    in place: the checkpoints read them)."""
     properties = {"bootstrap.servers": cluster.bootstrap_servers, **cluster.properties}
     reader = ClusterReader(services.connect(properties))
-    positions: dict[tuple[str, int], int] = {}
     plans: dict[str, Plan | None] = {}
     engine = None
     next_refresh = 0.0
@@ -180,7 +227,8 @@ async def observe_cluster(runtime: Runtime, services: GatewayServices, cluster: 
                 if runtime.engine is not engine:
                     engine = runtime.engine
                     plans = {}
-                    positions = {tp: o for tp, o in positions.items() if engine.observed_plan(cluster.name, tp[0])}
+                    for tp in [tp for tp in positions if not engine.observed_plan(cluster.name, tp[0])]:
+                        del positions[tp]
                     next_refresh = 0.0
                 if trio.current_time() >= next_refresh:
                     next_refresh = trio.current_time() + REFRESH
@@ -201,11 +249,16 @@ async def observe_cluster(runtime: Runtime, services: GatewayServices, cluster: 
                     continue
                 fetched = await reader.fetch(dict(positions))
                 for (topic, partition), (records, next_offset) in fetched.items():
+                    if next_offset < 0:  # out of range, and where to go unknown: at its end, at the next listing
+                        del positions[(topic, partition)]
+                        next_refresh = 0.0
+                        continue
                     plan = plans.get(topic)
                     if plan is not None:
                         await _evaluate(
                             runtime, cluster.name, plan, topic, partition, records, positions[(topic, partition)]
                         )
+                    # (no await since the counts: a checkpoint never has positions ahead of them)
                     positions[(topic, partition)] = next_offset
                 runtime.observed[cluster.name] = {f"{t}-{p}": o for (t, p), o in sorted(positions.items())}
                 delay = 0.5
@@ -226,8 +279,58 @@ async def observe_cluster(runtime: Runtime, services: GatewayServices, cluster: 
         await reader.aclose()
 
 
-async def observe(runtime: Runtime, services: GatewayServices) -> None:
-    """Observes every configured cluster without a gateway (one task each)."""
-    async with trio.open_nursery() as nursery:
-        for cluster in runtime.settings.clusters.values():
-            nursery.start_soon(observe_cluster, runtime, services, cluster)
+async def _catch_up(runtime: Runtime, history_log: StateLog, clusters: list[str]) -> None:
+    """Reads the history topic to its end (the last checkpoints), and waits a little for the previous
+    observer's final checkpoint when the last one is not final."""
+    delay = 0.5
+    while True:
+        try:
+            end = await history_log.end_offset()
+            break
+        except LogError as exc:
+            log.warning("data quality observer: cannot read the history topic: %s (retrying)", exc)
+            await trio.sleep(delay)
+            delay = min(delay * 2, 10.0)
+    await runtime.history.reach(end)
+    checkpoints = runtime.history.checkpoints
+    if checkpoints.handing_over(clusters):
+        log.info("data quality observer: waiting up to %.0f s for the last observer's final checkpoint", HANDOVER_WAIT)
+        with trio.move_on_after(HANDOVER_WAIT):
+            while checkpoints.handing_over(clusters):
+                await runtime.history.moved()
+
+
+async def observe_as_leader(runtime: Runtime, services: GatewayServices, history_log: StateLog) -> None:
+    """Observes every configured cluster (one task each) until cancelled: when this node stops leading
+    its fleet, or stops. Then the checkpoints say so (final), at once."""
+    clusters = list(runtime.settings.clusters.values())
+    names = [c.name for c in clusters]
+    checkpoints = runtime.history.checkpoints
+    checkpoints.fleet_node = services.fleet.node_id
+    log.info(
+        "data quality observer: this node leads its fleet (generation %d): observing %s",
+        services.fleet.generation,
+        ", ".join(names),
+    )
+    try:
+        await _catch_up(runtime, history_log, names)
+        runtime.observing = True
+        runtime.metrics.observing.set(1)
+        async with trio.open_nursery() as nursery:
+            for cluster in clusters:
+                positions = checkpoints.resume(cluster.name)
+                nursery.start_soon(observe_cluster, runtime, services, cluster, positions)
+    finally:
+        runtime.observing = False
+        runtime.metrics.observing.set(0)
+        for name in names:
+            checkpoints.stop(name)
+            runtime.observed.pop(name, None)
+        runtime.reporter.flush_soon()
+        log.info("data quality observer: stopped observing %s", ", ".join(names))
+
+
+async def observe(runtime: Runtime, services: GatewayServices, history_log: StateLog) -> None:
+    """Observes the clusters without a gateway while this node leads its fleet (until cancelled);
+    ``history_log`` is the history topic (its end offset: see :func:`_catch_up`)."""
+    await while_leader(services.fleet, observe_as_leader, runtime, services, history_log)

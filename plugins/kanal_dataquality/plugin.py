@@ -8,7 +8,7 @@ Public plugin API only (``kanal.api``):
   policy targets this gateway;
 * ``kanal_admin_routes``: rule test, metrics, history, alerts, group-permitted writes;
 * ``kanal_gateway_services``: the history publisher and follower, alert delivery, and the observer of
-  clusters without a gateway;
+  clusters without a gateway (on the fleet's leader);
 * ``kanal_cli_commands``: ``kanal test-rule``.
 
 The gateway's :class:`~kanal_dataquality.runtime.Runtime` is built by the first of these hooks to run,
@@ -83,7 +83,7 @@ def kanal_admin_resources(services: GatewayServices) -> list[ResourceKind]:
 def kanal_admin_routes(admin: AdminRoutes, services: GatewayServices) -> None:
     from kanal_dataquality.routes import add_routes
 
-    add_routes(admin, runtime_of(services))
+    add_routes(admin, runtime_of(services), services.fleet)
 
 
 @hookimpl

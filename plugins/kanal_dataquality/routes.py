@@ -6,7 +6,10 @@
 * ``GET /policies/<name>/metrics?range=...``: one policy's counts and its violations graph.
 * ``GET /policies/<name>/violations?range=...&limit=100``: its violation history, newest first.
 * ``GET /alerts``: every alert, whether it is firing.
-* ``GET /observer``: the partitions of clusters without a gateway this node observes, and their offsets.
+* ``GET /observer``: the partitions of clusters without a gateway this node observes, and their offsets
+  (``{}`` on a node that does not observe: only the fleet's leader does; the ``Kanal-Observer-Node``
+  header names the node that does);
+* ``GET /observer/status``: whether this node observes, which node does, and the last checkpoints.
 * ``PUT /<kind>`` and ``DELETE /<kind>/<name>`` (kind: ``data-quality-rule``, ``data-quality-policy``,
   ``alert``): the same as the generic resource routes, open to members of a group with the
   ``ManageDataQuality`` permission (see :mod:`kanal_dataquality.permissions`), not only to admins.
@@ -20,7 +23,7 @@ from typing import Any
 import orjson
 from quart import Response, request
 
-from kanal.api import AdminRoutes, ResourceError, invalid
+from kanal.api import AdminRoutes, Fleet, ResourceError, invalid
 from kanal_dataquality.history import RANGES
 from kanal_dataquality.permissions import authorize
 from kanal_dataquality.resources import ALERT, POLICY, RULE
@@ -60,7 +63,11 @@ def _range() -> tuple[str, int, int]:
     return name, seconds, bucket
 
 
-def add_routes(admin: AdminRoutes, runtime: Runtime) -> None:
+#: The header of ``GET /observer`` that names the node observing the clusters without a gateway.
+OBSERVER_HEADER = "Kanal-Observer-Node"
+
+
+def add_routes(admin: AdminRoutes, runtime: Runtime, fleet: Fleet) -> None:
     store = admin.store
 
     def policy_names() -> list[str]:
@@ -147,10 +154,46 @@ def add_routes(admin: AdminRoutes, runtime: Runtime) -> None:
         """Every data quality alert and whether it is firing."""
         return _json(runtime.alerts.describe())
 
+    def observer_enabled() -> bool:
+        return bool(runtime.settings.clusters) and runtime.settings.observer
+
     @admin.route(f"{PREFIX}/observer", methods=["GET"])
     async def dq_observer() -> Response:
-        """Partitions of clusters without a gateway that this node observes, with the next offset to read."""
-        return _json(runtime.observed)
+        """Partitions of clusters without a gateway that this node observes, with the next offset to read
+        (none on a node that does not lead its fleet; the Kanal-Observer-Node header names the one that
+        does)."""
+        response = _json(runtime.observed if runtime.observing else {})
+        leader = fleet.leader
+        if observer_enabled() and leader is not None:
+            response.headers[OBSERVER_HEADER] = leader.node_id
+        return response
+
+    @admin.route(f"{PREFIX}/observer/status", methods=["GET"])
+    async def dq_observer_status() -> Response:
+        """Whether this node observes the clusters without a gateway, which node of the fleet does (its
+        leader), and the last checkpoint of each cluster."""
+        leader = fleet.leader
+        checkpoints = runtime.history.checkpoints.last
+        return _json(
+            {
+                "enabled": observer_enabled(),
+                "observing": runtime.observing,
+                "nodeId": fleet.node_id,
+                "observer": None
+                if leader is None or not observer_enabled()
+                else {"nodeId": leader.node_id, "host": leader.host, "httpPort": leader.http_port},
+                "clusters": runtime.observed if runtime.observing else {},
+                "checkpoints": {
+                    name: {
+                        "nodeId": c.fleet_node,
+                        "time": c.time,
+                        "final": c.final,
+                        "positions": {f"{t}-{p}": o for (t, p), o in sorted(c.positions.items())},
+                    }
+                    for name, c in sorted(checkpoints.items())
+                },
+            }
+        )
 
     paths = {"data-quality-rule": RULE, "data-quality-policy": POLICY, "alert": ALERT}
 

@@ -108,7 +108,10 @@ class Runtime:
         self.installer: Callable[[bool], None] | None = None  # puts the interceptor in the chain, or takes it out
         self.installed = False
         self.statuses: dict[str, Status] = {}
-        self.observed: dict[str, dict[str, int]] = {}  # cluster -> "topic-partition" -> next offset (observer)
+        # The observer (clusters without a gateway): whether this node observes now (it leads its fleet),
+        # and what: cluster -> "topic-partition" -> next offset.
+        self.observing = False
+        self.observed: dict[str, dict[str, int]] = {}
         self.engine_changed = trio.Event()  # set (and replaced) whenever the engine changes
         self.inline_policies = False  # an interceptor configured by hand (config file) reports here
 

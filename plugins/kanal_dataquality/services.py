@@ -4,7 +4,8 @@
   interval to the history topic;
 * the history follower: reads the topic from its start and follows it (history, counts, alerts);
 * alert delivery: webhook POSTs of the alerts this node fired, and the end of firing windows;
-* the observer: consumes the target topics of policies on clusters without a gateway.
+* the observer: consumes the target topics of policies on clusters without a gateway, on the node
+  that leads the fleet (:mod:`kanal_dataquality.observe`).
 
 They start with the first DataQualityPolicy this node applies (from the admin API or the state topic
 at startup); before that the plugin does not touch the cluster. At shutdown they stop, and the helper
@@ -78,7 +79,7 @@ async def _run(runtime: Runtime, services: GatewayServices, firings: trio.Memory
             if runtime.settings.clusters and runtime.settings.observer:
                 from kanal_dataquality.observe import observe
 
-                nursery.start_soon(observe, runtime, services)
+                nursery.start_soon(observe, runtime, services, writer)
     finally:
         with trio.CancelScope(shield=True):
             await reader.aclose()

@@ -50,7 +50,11 @@ VARIABLES: tuple[tuple[str, str, str], ...] = (
         "none",
         "Kafka clusters without a gateway that policies may observe: YAML {name: {bootstrapServers: host:port,...}}",
     ),
-    ("DATA_QUALITY_OBSERVER", "true", "whether this node consumes the topics of clusters without a gateway"),
+    (
+        "DATA_QUALITY_OBSERVER",
+        "true",
+        "whether this node consumes the topics of clusters without a gateway when it leads the fleet",
+    ),
     (
         "DATA_QUALITY_GROUPS",
         "none",

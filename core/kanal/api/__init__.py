@@ -8,7 +8,8 @@ the modules behind it may move, these names stay. First-party plugins use exactl
 - what hooks receive and answer: the contexts and the results (:class:`Respond`, :class:`Reject`,
   :class:`Close`, :class:`PartitionError`);
 - the gateway: :class:`GatewayServices` (cluster id, metrics, topic names, a Kafka client, settings,
-  installed interceptors, state logs, background tasks, the audit log) and :class:`HelperProcess`;
+  installed interceptors, state logs, background tasks, the audit log, the fleet: :class:`Fleet`,
+  :func:`while_leader`) and :class:`HelperProcess`;
 - Kafka: :class:`ApiKey`, :class:`ErrorCode`, message builders (:func:`build`, :func:`nested`,
   :func:`has_field`, :func:`request_class`), the record API and the record walk;
 - the admin plane: resource kinds, the routes protocol, CLI commands;
@@ -51,6 +52,8 @@ from kanal.api.results import (
     ResponseResult,
 )
 from kanal.api.services import (
+    Fleet,
+    FleetMember,
     GatewayAcls,
     GatewayServices,
     Identities,
@@ -60,6 +63,7 @@ from kanal.api.services import (
     Service,
     StateLog,
     TopicNames,
+    while_leader,
 )
 from kanal.api.settings import (
     EXTERNAL_CONNECTION_PREFIX,
@@ -121,6 +125,8 @@ __all__ = [
     "ErrorCode",
     "ExternalConnection",
     "FamilyCheck",
+    "Fleet",
+    "FleetMember",
     "GatewayAcls",
     "GatewayServices",
     "Headers",
@@ -183,5 +189,6 @@ __all__ = [
     "require_request_class",
     "response_class",
     "skip_records",
+    "while_leader",
     "write_record",
 ]

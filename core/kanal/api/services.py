@@ -3,7 +3,8 @@
 Interceptors get it as the second constructor argument, plugins in ``kanal_admin_resources``,
 ``kanal_admin_routes`` and ``kanal_gateway_services``. It is a protocol, not the gateway: a plugin sees
 the gateway's cluster id, metrics registry, topic names, its own Kafka client, settings, the
-interceptors it installs, state logs, background tasks and the audit log, and nothing else.
+interceptors it installs, state logs, background tasks, the audit log and the fleet (:class:`Fleet`),
+and nothing else.
 ``kanal.testing`` has an implementation without a gateway, for unit tests.
 """
 
@@ -12,7 +13,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, NoReturn, Protocol
 
 import trio
 
@@ -25,6 +26,8 @@ if TYPE_CHECKING:
     from kanal.protocol.acl_codes import ResourceType as AclResourceType
 
 __all__ = [
+    "Fleet",
+    "FleetMember",
     "GatewayAcls",
     "GatewayServices",
     "Identities",
@@ -34,6 +37,7 @@ __all__ = [
     "Service",
     "StateLog",
     "TopicNames",
+    "while_leader",
 ]
 
 
@@ -144,6 +148,93 @@ class GatewayAcls(Protocol):
         apply."""
 
 
+@dataclass(frozen=True, slots=True)
+class FleetMember:
+    """One gateway node of the fleet, as it announced itself when it joined the membership group."""
+
+    #: A random id the node draws at each start (a restarted node has a new one).
+    node_id: str
+    #: The host its clients connect to (``GATEWAY_ADVERTISED_HOST``).
+    host: str
+    #: Its first and last Kafka client ports (``GATEWAY_PORT_START`` and the ports after it).
+    first_port: int
+    last_port: int
+    #: Its admin API, health and metrics port (``GATEWAY_HTTP_PORT``).
+    http_port: int
+    #: Its rack or zone (``GATEWAY_RACK_ID``), None when it announced none.
+    rack: str | None
+    #: Its Kanal version.
+    version: str
+    #: When it started, in milliseconds since the epoch.
+    start_time_ms: int
+    #: Whether it leads the group in the generation of the member list.
+    leader: bool = False
+
+
+class Fleet(Protocol):
+    """The gateway nodes of this node's fleet: the members of its membership group on the backing
+    cluster (``GATEWAY_GROUP_ID``, docs/fleet.md), for a plugin that must do something on one node of
+    the fleet at a time (follow an external system, run a periodic job): let the group's leader do it.
+
+    The group's coordinator elects the leader; when the leader stops or vanishes, the next generation
+    of the group has another one. A gateway that joins no group (a test gateway) is a fleet of one
+    that it leads. :func:`while_leader` runs a task on the leader only::
+
+        async def follow(services: GatewayServices) -> None:
+            await while_leader(services.fleet, poll_the_thing, services)  # in a companion service
+    """
+
+    @property
+    def node_id(self) -> str:
+        """This node's id (:attr:`FleetMember.node_id`): its entry in :attr:`members`."""
+
+    @property
+    def members(self) -> tuple[FleetMember, ...]:
+        """The members of the group's last generation, as its leader handed the list out (this node
+        alone before its first join); a member whose announcement cannot be read is left out."""
+
+    @property
+    def leader(self) -> FleetMember | None:
+        """The member that leads the last generation (None before the first join, or when its
+        announcement cannot be read). It is not necessarily still alive: a killed leader stays
+        until the group's coordinator drops it (``KAFKA_SESSION_TIMEOUT_MS``)."""
+
+    @property
+    def is_leader(self) -> bool:
+        """Whether this node leads its fleet now: it is in the group's current generation, as its
+        leader. False while it joins, while the group rebalances (a node came or went), during a
+        cluster outage and once it leaves (at shutdown, before it drains its clients). At most one
+        node says True at a time, except that a node cut off from the cluster learns it only when
+        its session expires, as a Kafka consumer does: a task that must never overlap with its
+        successor's fences its own writes."""
+
+    @property
+    def generation(self) -> int:
+        """The group generation of :attr:`members` (-1 before the first join; 0 without a group)."""
+
+    async def changed(self) -> None:
+        """Returns once what this view shows has changed (members, leader, :attr:`is_leader`,
+        generation). Read the view, then ``await fleet.changed()``, then read it again: nothing is
+        missed between the read and the call (a trio task is switched only at an ``await``)."""
+
+
+async def while_leader(fleet: Fleet, fn: Callable[..., Awaitable[Any]], *args: Any) -> NoReturn:
+    """Runs ``fn(*args)`` while this node leads its fleet: started when it becomes the leader,
+    cancelled when it stops being the leader, started again when it leads again. Never returns;
+    cancel it (it is cancelled with the gateway when it runs in a companion service or through
+    ``start_soon``). ``fn`` cleans up in ``finally`` (shielded for I/O, with a timeout); an exception
+    it raises ends ``while_leader`` with it. When ``fn`` returns while the node leads, it is not
+    started again before the node has stopped leading and leads again."""
+    while True:
+        while not fleet.is_leader:
+            await fleet.changed()
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(fn, *args)
+            while fleet.is_leader:
+                await fleet.changed()
+            nursery.cancel_scope.cancel()
+
+
 class GatewayServices(Protocol):
     """The gateway as a plugin sees it."""
 
@@ -177,6 +268,11 @@ class GatewayServices(Protocol):
     def acls(self) -> GatewayAcls | None:
         """The ACLs the gateway enforces on its passthrough cluster, or None when it enforces none
         (``GATEWAY_ACL_ENABLED`` unset: the cluster's own ACLs, if any, are the ones that count)."""
+
+    @property
+    def fleet(self) -> Fleet:
+        """The nodes of this gateway's fleet and whether this one leads it (the same object on every
+        call)."""
 
     @property
     def hook_timeout(self) -> float:
