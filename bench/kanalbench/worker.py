@@ -69,17 +69,44 @@ def produce(
     bootstrap: str, topic: str, size: int, records: int, payload: str = "bytes", client: dict[str, Any] | None = None
 ) -> dict[str, Any]:
     """``client``: more librdkafka properties (security settings), for the producer and consumer alike."""
+    producer, failed = _producer(bootstrap, topic, client or {})
+    return _send_all(producer, failed, topic, values(size, payload), records, size)
+
+
+def produce_together(
+    bootstrap: str, topic: str, size: int, records: int, client_id: str, payload: str = "bytes"
+) -> dict[str, Any]:
+    """``produce`` as fast as the client can, from a start time the driver sends: prints
+    ``{"ready": ...}`` once connected with its metadata, reads a Unix time from stdin, sends from then
+    on and answers when every record is acknowledged, with its end as Unix time."""
+    producer, failed = _producer(bootstrap, topic, {"client.id": client_id})
+    vals = values(size, payload)
+    print(json.dumps({"ready": True}), flush=True)
+    start_wall = float(sys.stdin.readline())
+    time.sleep(max(0.0, start_wall - time.time()))
+    return {**_send_all(producer, failed, topic, vals, records, size), "end": time.time()}
+
+
+def _producer(bootstrap: str, topic: str, client: dict[str, Any]) -> tuple[Any, list[str]]:
+    """A producer connected, with the topic's metadata (before any clock starts), and the list its
+    delivery errors go to (only errors are reported: delivery.report.only.error)."""
     from confluent_kafka import Producer
 
     failed: list[str] = []
 
-    def on_error(err: Any, _msg: Any) -> None:  # only errors are reported (delivery.report.only.error)
+    def on_error(err: Any, _msg: Any) -> None:
         if err is not None:
             failed.append(str(err))
 
-    producer = Producer(producer_config(bootstrap, **(client or {})), on_delivery=on_error)
-    producer.list_topics(topic, timeout=10)  # connect and fetch metadata before the clock starts
-    vals = values(size, payload)
+    producer = Producer(producer_config(bootstrap, **client), on_delivery=on_error)
+    producer.list_topics(topic, timeout=10)
+    return producer, failed
+
+
+def _send_all(
+    producer: Any, failed: list[str], topic: str, vals: list[bytes], records: int, size: int
+) -> dict[str, Any]:
+    """Sends ``records`` values as fast as the client takes them and waits for every acknowledgement."""
     mask = DISTINCT_VALUES - 1
     send = producer.produce
     start = time.perf_counter()
@@ -94,42 +121,6 @@ def produce(
     if left or failed:
         raise RuntimeError(f"produce failed: {left} undelivered, {len(failed)} errors, first: {failed[:1]}")
     return {"seconds": seconds, "records": records, "bytes": records * size}
-
-
-def produce_together(
-    bootstrap: str, topic: str, size: int, records: int, client_id: str, payload: str = "bytes"
-) -> dict[str, Any]:
-    """``produce`` as fast as the client can, from a start time the driver sends: prints
-    ``{"ready": ...}`` once connected with its metadata, reads a Unix time from stdin, sends from then
-    on and answers when every record is acknowledged, with its end as Unix time."""
-    from confluent_kafka import Producer
-
-    failed: list[str] = []
-
-    def on_error(err: Any, _msg: Any) -> None:
-        if err is not None:
-            failed.append(str(err))
-
-    producer = Producer(producer_config(bootstrap, **{"client.id": client_id}), on_delivery=on_error)
-    producer.list_topics(topic, timeout=10)
-    vals = values(size, payload)
-    mask = DISTINCT_VALUES - 1
-    send = producer.produce
-    print(json.dumps({"ready": True}), flush=True)
-    start_wall = float(sys.stdin.readline())
-    time.sleep(max(0.0, start_wall - time.time()))
-    start = time.perf_counter()
-    for i in range(records):
-        try:
-            send(topic, vals[i & mask])
-        except BufferError:
-            producer.poll(0.01)
-            send(topic, vals[i & mask])
-    left = producer.flush(120)
-    seconds = time.perf_counter() - start
-    if left or failed:
-        raise RuntimeError(f"produce failed: {left} undelivered, {len(failed)} errors, first: {failed[:1]}")
-    return {"seconds": seconds, "end": time.time(), "records": records, "bytes": records * size}
 
 
 def consume(
