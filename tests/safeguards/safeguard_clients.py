@@ -95,15 +95,18 @@ def create_topics(tansu: TansuBroker, *topics: str, partitions: int = 1) -> None
         future.result(20)
 
 
-def read_to_end(config: dict[str, Any], topic: str, partition: int = 0, **extra: Any) -> list[Message]:
-    """Every record of the partition from its start to its end, in the order the consumer got them."""
+def read_to_end(
+    config: dict[str, Any], topic: str, partition: int = 0, *, timeout: float = 30, **extra: Any
+) -> list[Message]:
+    """Every record of the partition from its start to its end, in the order the consumer got them
+    (``extra``: more consumer properties)."""
     consumer = Consumer(
         {**config, "group.id": unique("check"), "enable.auto.commit": False, "enable.partition.eof": True, **extra}
     )
     try:
         consumer.assign([TopicPartition(topic, partition, OFFSET_BEGINNING)])
         messages: list[Message] = []
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             message = consumer.poll(0.2)
             if message is None:

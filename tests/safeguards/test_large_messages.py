@@ -20,7 +20,7 @@ import pytest
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Message, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 from kanal_safeguards.claim_check.large_messages import MARKER, Reference
-from safeguard_clients import direct, safeguards_gateway, spec, through, wait_for
+from safeguard_clients import direct, read_to_end, safeguards_gateway, spec, through, wait_for
 
 from kanal.embedded import TansuBroker
 from kanal.gateway import Gateway
@@ -33,9 +33,6 @@ LOGGER = "kanal_safeguards.claim_check.large_messages"
 #: Producer settings for 20 MB records (librdkafka refuses to send more than 1 MB by default).
 PRODUCER = {"message.max.bytes": 32 * MB, "linger.ms": 0}
 #: Consumers need nothing: librdkafka takes responses up to 100 MB (``receive.message.max.bytes``).
-CONSUMER: dict[str, Any] = {}
-
-
 # -- a moto S3 server of the test's own (stopped and restarted by the failure tests)
 
 
@@ -146,35 +143,6 @@ def produce(config: dict[str, Any], topic: str, values: list[bytes], timeout: fl
     return reports
 
 
-def read_all(config: dict[str, Any], topic: str, timeout: float = 60) -> list[Message]:
-    """Every record of partition 0 (up to its end), through whichever address ``config`` names."""
-    consumer = Consumer(
-        {
-            **config,
-            **CONSUMER,
-            "group.id": f"lm-check-{uuid.uuid4().hex[:6]}",
-            "enable.auto.commit": False,
-            "enable.partition.eof": True,
-        }
-    )
-    try:
-        consumer.assign([TopicPartition(topic, 0, OFFSET_BEGINNING)])
-        messages: list[Message] = []
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            message = consumer.poll(0.2)
-            if message is None:
-                continue
-            error = message.error()
-            if error is not None and error.code() == KafkaError._PARTITION_EOF:
-                return messages
-            assert error is None, error
-            messages.append(message)
-        raise AssertionError(f"{topic}: end of partition not reached")
-    finally:
-        consumer.close()
-
-
 def end_offset(tansu: TansuBroker, topic: str) -> int:
     consumer = Consumer({**direct(tansu), "group.id": "lm-offsets"})
     try:
@@ -211,10 +179,10 @@ def check_round_trip(gateway: Gateway, tansu: TansuBroker, topic: str) -> tuple[
     get; returns what the broker holds and the big value."""
     big, small = big_value(), b"small value"
     assert produce(through(gateway), topic, [big, small]) == [None, None]
-    got = read_all(through(gateway), topic)
+    got = read_to_end(through(gateway), topic, timeout=60)
     assert [m.value() for m in got] == [big, small]
     assert [m.headers() for m in got] == [None, None]
-    on_broker = read_all(direct(tansu), topic)
+    on_broker = read_to_end(direct(tansu), topic, timeout=60)
     assert len(on_broker) == 2
     assert on_broker[1].value() == small and on_broker[1].headers() is None
     return on_broker, big
@@ -252,9 +220,9 @@ def test_other_topics_and_small_values_pass_untouched(tansu: TansuBroker, tmp_pa
         values = [b"x" * 999, b"", b"y" * 10]
         assert produce(through(gw), topic, values) == [None] * 3
         assert produce(through(gw), other, [b"z" * 5000]) == [None]
-        assert [m.value() for m in read_all(direct(tansu), topic)] == values
-        assert [m.value() for m in read_all(direct(tansu), other)] == [b"z" * 5000]
-        assert all(m.headers() is None for m in read_all(direct(tansu), topic))
+        assert [m.value() for m in read_to_end(direct(tansu), topic, timeout=60)] == values
+        assert [m.value() for m in read_to_end(direct(tansu), other, timeout=60)] == [b"z" * 5000]
+        assert all(m.headers() is None for m in read_to_end(direct(tansu), topic, timeout=60))
     assert list(tmp_path.iterdir()) == []
 
 
@@ -267,7 +235,7 @@ def test_values_past_the_restore_budget_come_in_the_next_fetches(tansu: TansuBro
         for value in values:  # one batch each: a fetch answers with several, the budget cuts after one
             producer.produce(topic, value, partition=0)
             assert producer.flush(30) == 0
-        assert [m.value() for m in read_all(through(gw), topic)] == values
+        assert [m.value() for m in read_to_end(through(gw), topic, timeout=60)] == values
     assert len(list((tmp_path / topic / "0").iterdir())) == 6
 
 
@@ -317,10 +285,10 @@ def test_s3_down_on_produce_fails_retriably_and_delivers_once_when_back(
         moto_s3.client().create_bucket(Bucket=bucket)
         assert producer.flush(60) == 0
         assert reports == [None]
-        on_broker = read_all(direct(tansu), topic)
+        on_broker = read_to_end(direct(tansu), topic, timeout=60)
         assert len(on_broker) == 1
         reference = check_reference(on_broker[0], BIG)
-        assert [m.value() for m in read_all(through(gw), topic)] == [big_value(1)]
+        assert [m.value() for m in read_to_end(through(gw), topic, timeout=60)] == [big_value(1)]
     listed = moto_s3.client().list_objects_v2(Bucket=bucket).get("Contents", [])
     assert [o["Key"] for o in listed] == [reference.key]
 
@@ -347,11 +315,9 @@ def test_s3_down_on_fetch_hands_out_no_reference(
     with safeguards_gateway(tansu, [large_message({"s3Config": moto_s3.config(bucket)})]) as gw:
         big = big_value(2)
         assert produce(through(gw), topic, [big]) == [None]
-        reference = check_reference(read_all(direct(tansu), topic)[0], BIG)
+        reference = check_reference(read_to_end(direct(tansu), topic, timeout=60)[0], BIG)
         moto_s3.stop()
-        consumer = Consumer(
-            {**through(gw), **CONSUMER, "group.id": f"lm-{uuid.uuid4().hex[:6]}", "enable.auto.commit": False}
-        )
+        consumer = Consumer({**through(gw), "group.id": f"lm-{uuid.uuid4().hex[:6]}", "enable.auto.commit": False})
         try:
             consumer.assign([TopicPartition(topic, 0, OFFSET_BEGINNING)])
             got: list[Message] = []
