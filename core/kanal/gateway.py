@@ -10,7 +10,7 @@ import os
 import socket
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -38,6 +38,7 @@ from kanal.net.channel import KafkaChannel
 from kanal.net.connection import ClientConnection, FrameTap
 from kanal.net.kafka_client import GatewayKafkaClient
 from kanal.net.membership import FleetMembership
+from kanal.net.peer_probe import probe_peers
 from kanal.net.state_log import CompactedLog
 from kanal.net.tls import CertificateRefused, certificate_principal, server_context, upstream_context
 from kanal.net.upstream import open_upstream
@@ -51,7 +52,7 @@ from kanal.protocol.acl_codes import ACL_APIS
 from kanal.protocol.api import ApiKey
 from kanal.protocol.api import preload as preload_schemas
 from kanal.protocol.api_versions import RecentAnswers
-from kanal.protocol.balance import LoadBalancer, client_key, node_of
+from kanal.protocol.balance import LoadBalancer, Standby, client_key, node_of
 from kanal.protocol.member_metadata import MemberMetadata
 from kanal.protocol.membership import FleetError, MemberConfig
 from kanal.protocol.rewrite import Address, AddressOf, broker_racks
@@ -154,6 +155,7 @@ class Gateway:
         if settings.internal_load_balancing:
             self.core_rules.addresses_for = self.addresses_for
             self.core_rules.learn_racks = self.learn_racks
+            self.core_rules.standbys_for = self.standbys_for
         self.min_broker_id = settings.min_broker_id
         self.port_count = settings.port_count
         self.advertised_host = settings.advertised_host or (
@@ -337,8 +339,17 @@ class Gateway:
         balancer = self.balancer
         if balancer is None:
             return self.advertised_address
-        host = client.client_address.rpartition(":")[0]
-        return balancer.address_of(client_key(host, client.principal, client.client_id))
+        return balancer.address_of(self._client_key(client))
+
+    def standbys_for(self, client: Connection, brokers: Sequence[int]) -> tuple[Standby, ...]:
+        """The other live nodes a client's Metadata answers list as brokers leading nothing, so
+        that it knows where else to ask when its node dies (:mod:`kanal.protocol.balance`)."""
+        balancer = self.balancer
+        return () if balancer is None else balancer.standbys(self._client_key(client), brokers)
+
+    @staticmethod
+    def _client_key(client: Connection) -> str:
+        return client_key(client.client_address.rpartition(":")[0], client.principal, client.client_id)
 
     def learn_racks(self, racks: dict[int, str | None]) -> None:
         """Records the brokers' racks a Metadata or DescribeCluster answer announces (rack-aware
@@ -556,6 +567,8 @@ class Gateway:
                 await nursery.start(accept)
                 if self.fleet is not None:
                     await nursery.start(self.fleet.run)  # joins in the background: not a wait
+                    if self.balancer is not None:
+                        nursery.start_soon(probe_peers, self.balancer)
                 await nursery.start(self.core_services.run)
                 for service in self.services:
                     await nursery.start(service)

@@ -24,6 +24,7 @@ from wire import WireClient, metadata_request
 
 from kanal.embedded import GatewayProcess, TansuBroker
 from kanal.protocol.api import require_request_class
+from kanal.protocol.balance import STANDBY_ID_BASE
 from kanal.protocol.entities import build
 from kanal.protocol.messages import decode_response
 
@@ -52,7 +53,7 @@ class Asker:
         """Each client id's port for the (one) broker, as Metadata answers it."""
         answers = {}
         for client_id in client_ids:
-            [broker] = self.call(metadata_request([]), client_id).brokers
+            [broker] = [b for b in self.call(metadata_request([]), client_id).brokers if b.node_id < STANDBY_ID_BASE]
             assert broker.host == "127.0.0.1"
             answers[client_id] = int(broker.port)
         return answers

@@ -16,12 +16,22 @@ from typing import Any
 
 import pytest
 
+from kanal.admin.fleet import balancing_view
 from kanal.api.context import Connection
 from kanal.config.settings import build_settings
 from kanal.gateway import Gateway
 from kanal.pipeline.registry import PluginRegistry
+from kanal.protocol import balance
 from kanal.protocol.api import ApiKey, require_request_class
-from kanal.protocol.balance import MAX_CACHED_CLIENTS, GatewayNode, LoadBalancer, client_key, rendezvous
+from kanal.protocol.balance import (
+    MAX_CACHED_CLIENTS,
+    STANDBY_ID_BASE,
+    GatewayNode,
+    LoadBalancer,
+    client_key,
+    rendezvous,
+    standby_ids,
+)
 from kanal.protocol.entities import build, nested
 from kanal.protocol.member_metadata import MemberMetadata
 from kanal.protocol.membership import Assigned, Member, NodeState
@@ -235,7 +245,13 @@ def metadata(version: int = 12, racks: dict[int, str | None] | None = None) -> A
 
 
 def broker_map(body: Any) -> dict[int, tuple[str, int]]:
-    return {int(b.node_id): (str(b.host), int(b.port)) for b in body.brokers}
+    """The backing brokers' addresses an answer names (not its standby brokers)."""
+    return {int(b.node_id): (str(b.host), int(b.port)) for b in body.brokers if int(b.node_id) < STANDBY_ID_BASE}
+
+
+def standby_map(body: Any) -> dict[int, tuple[str, int]]:
+    """The standby brokers a Metadata answer lists: the other live nodes, leading nothing."""
+    return {int(b.node_id): (str(b.host), int(b.port)) for b in body.brokers if int(b.node_id) >= STANDBY_ID_BASE}
 
 
 def test_metadata_names_the_client_s_nodes_and_leaves_the_partitions_alone() -> None:
@@ -354,3 +370,90 @@ def test_without_a_connection_or_before_the_fleet_the_answer_is_this_node_s() ->
     fresh.fleet = fresh._fleet_membership()  # joining: no member list yet
     answer = fresh.core_rules.response(ApiKey.METADATA, 12, metadata(), client("c1"))
     assert broker_map(answer) == {111: ("gw-a", 7000), 112: ("gw-a", 7001), 113: ("gw-a", 7002)}
+
+
+# -- standby brokers: the other live nodes a client learns of -------------------------------------
+
+
+def one_broker_metadata(version: int = 12) -> Any:
+    """A Metadata answer of a one-broker cluster (111), as in a small deployment."""
+    cls = response_type(ApiKey.METADATA, version)
+    extra = {"rack": None} if version >= 1 else {}
+    broker = build(nested(cls, "brokers"), node_id=111, host="broker-111", port=9092, **extra)
+    partition = build(nested(nested(cls, "topics"), "partitions"), partition_index=0, leader_id=111)
+    return build(cls, brokers=(broker,), topics=(build(nested(cls, "topics"), name="orders", partitions=(partition,)),))
+
+
+def test_a_one_broker_answer_lists_the_other_live_nodes_as_brokers_that_lead_nothing() -> None:
+    gw = gateway()
+    body = one_broker_metadata()
+    for i in range(30):
+        answer = gw.core_rules.response(ApiKey.METADATA, 12, body, client(f"app-{i}"))
+        [(host, _)] = broker_map(answer).values()
+        standbys = standby_map(answer)
+        # every node exactly once: the client's own node as the broker, the two others as standbys,
+        # each at its port for the broker (so whatever the client asks there reaches broker 111)
+        assert sorted([host, *(h for h, _ in standbys.values())]) == ["gw-a", "gw-b", "gw-c"]
+        assert set(standbys.values()) <= {("gw-a", 7000), ("gw-b", 8000), ("gw-c", 9000)}
+        assert answer.topics is body.topics  # the partitions still name broker 111 alone
+    racks = {int(b.node_id): b.rack for b in answer.brokers if int(b.node_id) >= STANDBY_ID_BASE}
+    assert set(racks.values()) <= {"r1", "r2"}  # each standby in its node's rack
+    v0 = gw.core_rules.response(ApiKey.METADATA, 0, one_broker_metadata(version=0), client("app-0"))
+    assert len(standby_map(v0)) == 2  # versions without racks too
+
+
+def test_standby_ids_are_the_same_from_every_node_and_survive_a_member_leaving() -> None:
+    ids = standby_ids([A, B, C])
+    assert standby_ids([C, A, B]) == ids and len(set(ids.values())) == 3
+    assert all(STANDBY_ID_BASE <= i < 2**31 for i in ids.values())
+    assert standby_ids([A, B]) == {k: v for k, v in ids.items() if k != C.identity}
+    # what node B answers for a client equals what node A answers for it
+    lb_a, lb_b = balancer(A, A, B, C), balancer(B, A, B, C)
+    for key in KEYS:
+        assert lb_a.standbys(key, [111]) == lb_b.standbys(key, [111])
+    lb_a.members_changed([A, B])  # C is gone: no answer names it any more
+    assert all(s.host != "gw-c" for key in KEYS for s in lb_a.standbys(key, [111]))
+
+
+def test_standby_ids_that_meet_are_told_apart(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(balance, "_STANDBY_ID_SPAN", 4)  # 3 nodes in 4 ids: some hashes meet
+    nodes = [GatewayNode(f"gw-{i}", 7000, 7002) for i in range(4)]
+    assert len(set(standby_ids(nodes).values())) == 4
+
+
+def test_a_client_whose_brokers_name_every_node_gets_no_standby() -> None:
+    gw = gateway()
+    for i in range(30):
+        answer = gw.core_rules.response(ApiKey.METADATA, 12, metadata(), client(f"app-{i}"))
+        named = {host for host, _ in broker_map(answer).values()}
+        assert {h for h, _ in standby_map(answer).values()} == {"gw-a", "gw-b", "gw-c"} - named
+
+
+def test_no_standbys_alone_leaving_or_in_other_answers() -> None:
+    gw = gateway()
+    gw.shutdown()  # leaving: its own answers name neither it as broker nor as standby
+    for i in range(20):
+        answer = gw.core_rules.response(ApiKey.METADATA, 12, one_broker_metadata(), client(f"c{i}"))
+        assert "gw-a" not in {h for h, _ in (*broker_map(answer).values(), *standby_map(answer).values())}
+    cluster = response_type(ApiKey.DESCRIBE_CLUSTER, 1)
+    brokers = (build(nested(cluster, "brokers"), broker_id=111, host="b", port=1),)
+    answer = gw.core_rules.response(ApiKey.DESCRIBE_CLUSTER, 1, build(cluster, brokers=brokers), client("c1"))
+    assert len(answer.brokers) == 1  # DescribeCluster says what the cluster is, without standbys
+    alone = balancer(A)
+    assert alone.standbys(KEYS[0], [111]) == ()
+    alone.members_changed([A])
+    assert alone.standbys(KEYS[0], [111]) == ()
+
+
+def test_a_member_found_dead_is_left_out_and_the_fleet_view_says_so() -> None:
+    gw = gateway()
+    assert gw.balancer is not None
+    gw.balancer.set_unreachable([C.identity])
+    view = balancing_view(gw.balancer)
+    assert view["unreachable"] == ["gw-c:9000"]
+    assert [n["host"] for n in view["nodes"]] == ["gw-a", "gw-b"]
+    for i in range(30):
+        answer = gw.core_rules.response(ApiKey.METADATA, 12, one_broker_metadata(), client(f"c{i}"))
+        assert "gw-c" not in {h for h, _ in (*broker_map(answer).values(), *standby_map(answer).values())}
+    gw.balancer.set_unreachable([A.identity])  # a node never takes itself for dead
+    assert gw.balancer.unreachable == frozenset()

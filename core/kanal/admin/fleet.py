@@ -128,6 +128,9 @@ def balancing_view(balancer: LoadBalancer | None) -> dict[str, Any]:
     return {
         "enabled": True,
         "leaving": balancer.leaving,
+        "unreachable": sorted(
+            f"{n.host}:{n.first_port}" for n in balancer.members if n.identity in balancer.unreachable
+        ),
         "nodes": [
             {"host": n.host, "ports": {"first": n.first_port, "last": n.last_port}, "rack": n.rack}
             for n in (balancer.nodes if balancer.balancing else ())

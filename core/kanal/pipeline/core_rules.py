@@ -4,12 +4,14 @@ the cluster speak), broker addresses that are the gateway's, and topic ids learn
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import Any
 
 from kanal.api.context import Connection
 from kanal.protocol.api import ApiKey
 from kanal.protocol.api_versions import intersect
+from kanal.protocol.balance import Standby
 from kanal.protocol.rewrite import (
     Address,
     AddressOf,
@@ -45,6 +47,9 @@ class CoreRules:
         #: fleet), with what the brokers' racks are; None: :attr:`advertised_address` for everyone.
         self.addresses_for: Callable[[Connection], AddressOf] | None = None
         self.learn_racks: Callable[[dict[int, str | None]], None] | None = None
+        #: The other fleet nodes a client's Metadata answers list as brokers that lead nothing
+        #: (:class:`~kanal.protocol.balance.Standby`), given the backing brokers' ids; None: none.
+        self.standbys_for: Callable[[Connection, Sequence[int]], tuple[Standby, ...]] | None = None
 
     def response(self, api_key: int, version: int, body: Any, client: Connection | None = None) -> Any:
         """The response as the client (``client``'s connection, when known) is to see it (``body``
@@ -63,4 +68,19 @@ class CoreRules:
             if client is not None and self.addresses_for is not None:
                 address_of = self.addresses_for(client)
             body = rewrite_addresses(api_key, body, address_of) or body
+            if api_key == ApiKey.METADATA and client is not None and self.standbys_for is not None:
+                body = with_standbys(body, self.standbys_for(client, [int(b.node_id) for b in body.brokers]))
         return body
+
+
+def with_standbys(body: Any, standbys: Sequence[Standby]) -> Any:
+    """A Metadata answer with ``standbys`` listed after its brokers (in the brokers' entity type)."""
+    if not standbys or not body.brokers:
+        return body
+    model = body.brokers[0]
+    racked = hasattr(model, "rack")
+    extra = tuple(
+        replace(model, node_id=s.node_id, host=s.host, port=s.port, **({"rack": s.rack} if racked else {}))
+        for s in standbys
+    )
+    return replace(body, brokers=(*body.brokers, *extra))

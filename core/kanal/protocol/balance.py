@@ -20,9 +20,24 @@ each candidate node a 64-bit BLAKE2b hash, and the node with the highest one win
 * a node in the rack of the broker (``GATEWAY_RACK_ID``; Metadata and DescribeCluster carry the
   brokers' racks) is preferred: when the fleet has one or more there, the choice is among them.
 
+A Metadata answer also lists, after the backing brokers, the live nodes it does not otherwise name,
+as *standby brokers*: brokers that lead no partition, with ids from :data:`STANDBY_ID_BASE` up (a
+hash of the node's identity, so every node gives a node the same id). A client learns the other
+nodes' addresses that way: when the node it was sent to dies, it asks one of them for Metadata and
+is sent elsewhere, instead of knowing no other address than the dead one (librdkafka forgets its
+bootstrap servers once it has Metadata, and asks for them again only after
+``metadata.recovery.rebootstrap.trigger.ms``, 5 minutes by default). A standby's port is the node's
+port for the answer's first broker, so whatever a client asks there is served by a real broker.
+
+A member the other nodes cannot reach (a probe of its admin port fails, :mod:`kanal.net.peer_probe`)
+is left out of the answers until it answers again or leaves the group: a killed node stays a member
+until its session expires (``KAFKA_SESSION_TIMEOUT_MS``, and the rebalance after it), and its
+clients would be sent back to it all that time.
+
 The choice is made once per (client, broker) and member list, and cached: a Metadata answer costs a
 dictionary lookup per broker, whatever its number of partitions. A new member list (or a broker's
-rack changing, or this node leaving) starts a new, empty cache; nothing is locked (one trio thread).
+rack changing, a member found dead or alive again, this node leaving) starts a new, empty cache;
+nothing is locked (one trio thread).
 """
 
 from __future__ import annotations
@@ -37,12 +52,25 @@ from kanal.protocol.member_metadata import MemberMetadata
 Address = tuple[str, int]
 AddressOf = Callable[[int], Address | None]
 
-__all__ = ["GatewayNode", "LoadBalancer", "client_key", "node_of", "rendezvous"]
+__all__ = ["STANDBY_ID_BASE", "GatewayNode", "LoadBalancer", "Standby", "client_key", "node_of", "rendezvous"]
 
 #: Clients whose choices a member list keeps; past it the cache starts afresh (each choice is a few
 #: microseconds to redo, so a bound protects the memory of a node with ever-new client ids).
 MAX_CACHED_CLIENTS: Final = 16384
 _MISSING: Final = object()
+#: The first id of standby brokers (2^30): far above the ids of real clusters, below int32's limit.
+STANDBY_ID_BASE: Final = 1 << 30
+_STANDBY_ID_SPAN: Final = 1 << 24
+
+
+@dataclass(frozen=True, slots=True)
+class Standby:
+    """A node listed in a Metadata answer as a broker that leads nothing (see the module's doc)."""
+
+    node_id: int
+    host: str
+    port: int
+    rack: str | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,6 +81,8 @@ class GatewayNode:
     first_port: int
     last_port: int
     rack: str | None = None
+    #: Its admin API port (``GATEWAY_HTTP_PORT``), which the other nodes probe to see it alive.
+    http_port: int | None = None
 
     @property
     def identity(self) -> bytes:
@@ -68,7 +98,7 @@ class GatewayNode:
 
 def node_of(metadata: MemberMetadata) -> GatewayNode:
     """The node a member's metadata announces."""
-    return GatewayNode(metadata.host, metadata.first_port, metadata.last_port, metadata.rack)
+    return GatewayNode(metadata.host, metadata.first_port, metadata.last_port, metadata.rack, metadata.http_port)
 
 
 def client_key(host: str, principal: str | None, client_id: str | None) -> str:
@@ -83,6 +113,21 @@ def _score(client: bytes, broker: int, node: bytes) -> bytes:
     return blake2b(b"%s\x00%d\x00%s" % (client, broker, node), digest_size=8).digest()
 
 
+def standby_ids(nodes: Sequence[GatewayNode]) -> dict[bytes, int]:
+    """Each node's standby broker id: from a hash of its identity, so the same on every node for as
+    long as the node lives; two nodes whose hashes meet are told apart in the order of their
+    identities (the same order everywhere)."""
+    ids: dict[bytes, int] = {}
+    taken: set[int] = set()
+    for node in sorted(nodes, key=lambda n: n.identity):
+        offset = int.from_bytes(blake2b(node.identity, digest_size=8).digest()) % _STANDBY_ID_SPAN
+        while STANDBY_ID_BASE + offset in taken:
+            offset = (offset + 1) % _STANDBY_ID_SPAN
+        ids[node.identity] = STANDBY_ID_BASE + offset
+        taken.add(STANDBY_ID_BASE + offset)
+    return ids
+
+
 def rendezvous(client: str, broker: int, nodes: Sequence[GatewayNode]) -> GatewayNode:
     """The node of ``nodes`` (not empty) that ``client`` is sent to for ``broker``."""
     if len(nodes) == 1:
@@ -94,7 +139,7 @@ def rendezvous(client: str, broker: int, nodes: Sequence[GatewayNode]) -> Gatewa
 class _Choices:
     """One member list's choices: the candidates of each broker, and each client's nodes."""
 
-    __slots__ = ("_candidates", "clients", "first_broker_id", "nodes", "own_address", "racks")
+    __slots__ = ("_candidates", "_standby_ids", "clients", "first_broker_id", "nodes", "own_address", "racks")
 
     def __init__(
         self,
@@ -108,6 +153,7 @@ class _Choices:
         self.first_broker_id = first_broker_id
         self.own_address = own_address
         self._candidates: dict[int, tuple[GatewayNode, ...]] = {}
+        self._standby_ids = standby_ids(nodes)
         self.clients: dict[str, AddressOf] = {}
 
     def candidates(self, broker: int) -> tuple[GatewayNode, ...]:
@@ -145,6 +191,23 @@ class _Choices:
             found = self.clients[client] = address_of
         return found
 
+    def standbys(self, client: str, brokers: Sequence[int]) -> tuple[Standby, ...]:
+        """The nodes an answer naming ``brokers`` does not send ``client`` to, as standby brokers."""
+        if not brokers:
+            return ()
+        address_of = self.address_of(client)
+        named = {address_of(broker) for broker in brokers}
+        anchor = min(brokers) - self.first_broker_id
+        found = []
+        for node in self.nodes:
+            port = node.port(anchor)
+            if port is None or any(
+                a is not None and a[0] == node.host and node.first_port <= a[1] <= node.last_port for a in named
+            ):
+                continue
+            found.append(Standby(self._standby_ids[node.identity], node.host, port, node.rack))
+        return tuple(found)
+
 
 class LoadBalancer:
     """The brokers' addresses each client is to see, following the fleet's live members.
@@ -167,6 +230,9 @@ class LoadBalancer:
         self.members: tuple[GatewayNode, ...] = ()  # the last member list (empty: not known yet)
         self.racks: dict[int, str | None] = dict(racks or {})
         self.leaving = False
+        #: Members the other nodes cannot reach (by identity): left out until they answer again or
+        #: leave the group (a killed node stays a member until its session expires).
+        self.unreachable: frozenset[bytes] = frozenset()
         #: Bumped at each change of what the answers depend on (member list, racks, leaving).
         self.version = 0
         self._choices: _Choices | None = None
@@ -190,6 +256,13 @@ class LoadBalancer:
             self.leaving = True
             self._rebuild()
 
+    def set_unreachable(self, unreachable: Iterable[bytes]) -> None:
+        """The members (identities) this node's probes find dead now (:mod:`kanal.net.peer_probe`)."""
+        found = frozenset(unreachable) - {self.own.identity}
+        if found != self.unreachable:
+            self.unreachable = found
+            self._rebuild()
+
     def learn_racks(self, racks: Mapping[int, str | None]) -> None:
         """Brokers' racks, as a Metadata or DescribeCluster answer gives them."""
         known = self.racks
@@ -211,11 +284,12 @@ class LoadBalancer:
 
     @property
     def nodes(self) -> tuple[GatewayNode, ...]:
-        """The nodes answers may name now: the members, without this node once it is leaving."""
-        if not self.leaving:
+        """The nodes answers may name now: the members found alive, without this node once it is
+        leaving."""
+        gone = self.unreachable | {self.own.identity} if self.leaving else self.unreachable
+        if not gone:
             return self.members
-        own = self.own.identity
-        return tuple(n for n in self.members if n.identity != own)
+        return tuple(n for n in self.members if n.identity not in gone)
 
     @property
     def balancing(self) -> bool:
@@ -228,3 +302,9 @@ class LoadBalancer:
         if choices is None:
             return self.own_address
         return choices.address_of(client)
+
+    def standbys(self, client: str, brokers: Sequence[int]) -> tuple[Standby, ...]:
+        """The standby brokers a Metadata answer naming ``brokers`` lists for ``client``: none while
+        this node answers alone."""
+        choices = self._choices
+        return () if choices is None else choices.standbys(client, brokers)
