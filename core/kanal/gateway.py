@@ -479,6 +479,7 @@ class Gateway:
             rack=settings.rack_id,
             version=__version__,
             start_time_ms=self.started_ms,
+            min_broker_id=self.min_broker_id,
         )
         if settings.internal_load_balancing:
             assert self.min_broker_id is not None

@@ -457,3 +457,15 @@ def test_a_member_found_dead_is_left_out_and_the_fleet_view_says_so() -> None:
         assert "gw-c" not in {h for h, _ in (*broker_map(answer).values(), *standby_map(answer).values())}
     gw.balancer.set_unreachable([A.identity])  # a node never takes itself for dead
     assert gw.balancer.unreachable == frozenset()
+
+
+def test_a_node_with_another_min_broker_id_is_sent_clients_at_its_own_port_for_the_broker() -> None:
+    """Node D's first port stands for broker 100 (its GATEWAY_MIN_BROKERID), not 111: its port for
+    broker 111 is 11 further."""
+    d = GatewayNode("gw-d", 6000, 6020, min_broker_id=100)
+    lb = balancer(A, A, d)
+    ports = {lb.address_of(key)(111) for key in KEYS}
+    assert ports == {("gw-a", 7000), ("gw-d", 6011)}
+    assert {lb.address_of(key)(113) for key in KEYS} == {("gw-a", 7002), ("gw-d", 6013)}
+    for key in KEYS:
+        assert {(s.host, s.port) for s in lb.standbys(key, [111, 112])} <= {("gw-a", 7000), ("gw-d", 6011)}

@@ -76,6 +76,7 @@ metadatas = st.builds(
     version=texts,
     start_time_ms=st.integers(-(2**63), 2**63 - 1),
     protocol_version=st.integers(-(2**15), 2**15 - 1),
+    min_broker_id=st.none() | st.integers(-(2**31), 2**31 - 1),
 )
 
 
@@ -104,6 +105,9 @@ def test_the_metadata_layout_is_the_documented_one() -> None:
     assert blob[79:] == struct.pack(">HHq", 7, 8, 1_700_000_000_000)  # START_TIME
     no_rack = encode_metadata(MemberMetadata("n", "h", 1, 1, 2, None, "v", 0))
     assert no_rack[30:38] == struct.pack(">HHi", 4, 4, 2) and no_rack[38:40] == struct.pack(">H", 6)  # no tag 5
+    with_min = encode_metadata(MemberMetadata("n", "h", 1, 1, 2, None, "v", 0, min_broker_id=111))
+    assert with_min == no_rack + struct.pack(">HHi", 8, 4, 111)  # MIN_BROKER_ID, last
+    assert decode_metadata(no_rack).min_broker_id is None  # an older node's: not announced
 
 
 def test_the_member_list_layout_is_the_documented_one() -> None:

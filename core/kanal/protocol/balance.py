@@ -83,6 +83,8 @@ class GatewayNode:
     rack: str | None = None
     #: Its admin API port (``GATEWAY_HTTP_PORT``), which the other nodes probe to see it alive.
     http_port: int | None = None
+    #: The broker its first port stands for (``GATEWAY_MIN_BROKERID``); None: as this node's.
+    min_broker_id: int | None = None
 
     @property
     def identity(self) -> bytes:
@@ -95,10 +97,17 @@ class GatewayNode:
         port = self.first_port + index
         return port if index >= 0 and port <= self.last_port else None
 
+    def broker_port(self, broker: int, min_broker_id: int) -> int | None:
+        """The node's port for ``broker``, from its own GATEWAY_MIN_BROKERID when it announced one
+        (``min_broker_id``, this node's, otherwise): nodes whose settings differ still agree on it."""
+        first = self.min_broker_id if self.min_broker_id is not None else min_broker_id
+        return self.port(broker - first)
+
 
 def node_of(metadata: MemberMetadata) -> GatewayNode:
     """The node a member's metadata announces."""
-    return GatewayNode(metadata.host, metadata.first_port, metadata.last_port, metadata.rack, metadata.http_port)
+    m = metadata
+    return GatewayNode(m.host, m.first_port, m.last_port, m.rack, m.http_port, m.min_broker_id)
 
 
 def client_key(host: str, principal: str | None, client_id: str | None) -> str:
@@ -160,8 +169,7 @@ class _Choices:
         """The nodes that serve ``broker``'s port, those in the broker's rack if there are any."""
         found = self._candidates.get(broker)
         if found is None:
-            index = broker - self.first_broker_id
-            found = tuple(n for n in self.nodes if n.port(index) is not None)
+            found = tuple(n for n in self.nodes if n.broker_port(broker, self.first_broker_id) is not None)
             rack = self.racks.get(broker)
             if rack is not None:
                 found = tuple(n for n in found if n.rack == rack) or found
@@ -173,7 +181,9 @@ class _Choices:
         if not candidates:  # no member serves that port: as a node alone would answer
             return self.own_address(broker)
         node = rendezvous(client, broker, candidates)
-        return node.host, node.first_port + broker - self.first_broker_id
+        port = node.broker_port(broker, self.first_broker_id)
+        assert port is not None  # (a candidate has a port for the broker)
+        return node.host, port
 
     def address_of(self, client: str) -> AddressOf:
         found = self.clients.get(client)
@@ -197,10 +207,10 @@ class _Choices:
             return ()
         address_of = self.address_of(client)
         named = {address_of(broker) for broker in brokers}
-        anchor = min(brokers) - self.first_broker_id
+        anchor = min(brokers)
         found = []
         for node in self.nodes:
-            port = node.port(anchor)
+            port = node.broker_port(anchor, self.first_broker_id)
             if port is None or any(
                 a is not None and a[0] == node.host and node.first_port <= a[1] <= node.last_port for a in named
             ):

@@ -51,9 +51,13 @@ class Tag(IntEnum):
     RACK = 5  # UTF-8; absent: no rack
     VERSION = 6  # UTF-8, the gateway's version
     START_TIME = 7  # int64, milliseconds since the epoch
+    MIN_BROKER_ID = 8  # int32, GATEWAY_MIN_BROKERID: the broker its first port stands for; absent: unknown
 
 
-_REQUIRED = frozenset(Tag) - {Tag.RACK}
+_OPTIONAL = frozenset({Tag.RACK, Tag.MIN_BROKER_ID})
+
+
+_REQUIRED = frozenset(Tag) - _OPTIONAL
 
 
 @dataclass(frozen=True)
@@ -69,6 +73,8 @@ class MemberMetadata:
     version: str
     start_time_ms: int
     protocol_version: int = MEMBERSHIP_PROTOCOL_VERSION
+    #: The broker id its first client port stands for (None: not announced, as by an older node).
+    min_broker_id: int | None = None
 
 
 def _text(value: str, what: str) -> bytes:
@@ -90,6 +96,8 @@ def encode_metadata(metadata: MemberMetadata) -> bytes:
     ]
     if metadata.rack is not None:
         fields.append((Tag.RACK, _text(metadata.rack, "rack")))
+    if metadata.min_broker_id is not None:
+        fields.append((Tag.MIN_BROKER_ID, _I32.pack(metadata.min_broker_id)))
     out = bytearray(_HEADER.pack(METADATA_MAGIC, FORMAT_VERSION, metadata.protocol_version))
     for tag, value in sorted(fields):
         out += _FIELD.pack(tag, len(value)) + value
@@ -145,6 +153,7 @@ def decode_metadata(data: bytes | bytearray | memoryview) -> MemberMetadata:
         raise MetadataError(f"member metadata lacks {', '.join(missing)}")
     first, last = _fixed(seen[Tag.KAFKA_PORTS], Tag.KAFKA_PORTS, _PORTS)
     rack = seen.get(Tag.RACK)
+    min_broker_id = seen.get(Tag.MIN_BROKER_ID)
     return MemberMetadata(
         node_id=_utf8(seen[Tag.NODE_ID], Tag.NODE_ID),
         host=_utf8(seen[Tag.HOST], Tag.HOST),
@@ -155,6 +164,7 @@ def decode_metadata(data: bytes | bytearray | memoryview) -> MemberMetadata:
         version=_utf8(seen[Tag.VERSION], Tag.VERSION),
         start_time_ms=_fixed(seen[Tag.START_TIME], Tag.START_TIME, _I64)[0],
         protocol_version=protocol_version,
+        min_broker_id=None if min_broker_id is None else _fixed(min_broker_id, Tag.MIN_BROKER_ID, _I32)[0],
     )
 
 
