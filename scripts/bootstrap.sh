@@ -20,6 +20,11 @@ if [ "$extras" = "test" ]; then
     if ! command -v socat >/dev/null; then
         apt-get install -y -qq socat >/dev/null 2>&1 || { apt-get update -qq && apt-get install -y -qq socat >/dev/null; }
     fi
+    # chromium and chromium-driver: the console's browser tests (Selenium drives them; nothing downloads a browser).
+    if ! command -v chromium >/dev/null || ! command -v chromedriver >/dev/null; then
+        apt-get install -y -qq chromium chromium-driver >/dev/null 2>&1 \
+            || { apt-get update -qq && apt-get install -y -qq chromium chromium-driver >/dev/null; }
+    fi
     .venv/bin/python -m pip install --quiet -e "plugins-contrib/kanal-header-injection[test]"
     .venv/bin/python -m pip install --quiet -e "plugins-contrib/kanal-topic-quota[test]"
 fi

@@ -134,7 +134,8 @@ def _dev(args: argparse.Namespace) -> int:
             configure_logging(settings.log_format, settings.log_level)
             print(f"Kanal dev: embedded Tansu broker at {broker.bootstrap}", flush=True)
             if admin_notice:
-                print(f"{admin_notice}; admin API at http://127.0.0.1:{settings.http_port}", flush=True)
+                admin_url = f"http://127.0.0.1:{settings.http_port}"
+                print(f"{admin_notice}; admin API at {admin_url}, console at {admin_url}/console", flush=True)
             code: int = trio.run(serve, settings, registry, " (embedded Tansu; Ctrl-C stops both)")
     except (ConfigError, InterceptorConfigError, PluginError) as exc:
         print(f"kanal: configuration error: {exc}", file=sys.stderr)

@@ -40,6 +40,7 @@ from kanal.protocol.records import record_walker
 
 if TYPE_CHECKING:
     from kanal.admin.host import GatewayHost
+    from kanal.api.services import Service
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +69,11 @@ class AdminApi:
     read_only_endpoints: set[str] = field(default_factory=set)
     http_metrics: HttpMetrics | None = None
     audit_log: AuditLog | None = None  # the gateway's, unless given
+    #: The web console's guard of its pages (``/console``: a login form and sessions, not HTTP Basic
+    #: alone); None without a console. See :mod:`kanal.admin.console.app`.
+    console_guard: Callable[[], Awaitable[Response | None]] | None = None
+    #: Companion services the admin plane needs beside its HTTP server (the console's metrics history).
+    background: list[Service] = field(default_factory=list)
 
     def route(
         self, rule: str, methods: Sequence[str] = ("GET",), *, read_only: bool | None = None
@@ -186,6 +192,8 @@ def create_app(api: AdminApi, extra_routes: Iterable[Callable[[AdminApi], None]]
             return error_response(503, "Shutting down", "the gateway is shutting down")
         if endpoint in PUBLIC_ENDPOINTS:
             return None
+        if api.console_guard is not None and (request.path == "/console" or request.path.startswith("/console/")):
+            return await api.console_guard()
         if not api.users:
             return error_response(
                 503,

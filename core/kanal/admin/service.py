@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import time
 from functools import partial
 from typing import TYPE_CHECKING
 
@@ -74,8 +75,22 @@ def build_admin(gateway: GatewayHost, writer: LogBackend | None = None, reader: 
         gateway.registry.call_each("kanal_admin_routes", gateway.services_for, admin=admin)
 
     create_app(api, [plugin_routes])
+    _add_console(api, gateway)
     gateway.metrics.registry.register(StateCollector(store, gateway.pipeline))
     return api
+
+
+def _add_console(api: AdminApi, gateway: GatewayHost) -> None:
+    """The web console on the same app: the core's pages, then the plugins' (kanal_console_pages)."""
+    from kanal.admin.console.app import Console
+    from kanal.admin.console.gateway_pages import add_gateway_pages
+    from kanal.admin.console.metrics_history import MetricsHistory
+
+    console = Console(api)
+    history = MetricsHistory(gateway.metrics.registry)
+    api.background.append(history.run)
+    add_gateway_pages(console, gateway, history, time.time())
+    gateway.registry.call_each("kanal_console_pages", gateway.services_for, console=console)
 
 
 async def _serve_state(api: AdminApi, gateway: GatewayHost, *, task_status: trio.TaskStatus[None]) -> None:
@@ -128,6 +143,7 @@ def install(gateway: GatewayHost) -> AdminApi:
         )
     gateway.services.append(partial(_serve_http, api, gateway))
     gateway.services.append(partial(_serve_state, api, gateway))
+    gateway.services.extend(api.background)
     return api
 
 

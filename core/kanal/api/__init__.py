@@ -12,7 +12,7 @@ the modules behind it may move, these names stay. First-party plugins use exactl
   :func:`while_leader`) and :class:`HelperProcess`;
 - Kafka: :class:`ApiKey`, :class:`ErrorCode`, message builders (:func:`build`, :func:`nested`,
   :func:`has_field`, :func:`request_class`), the record API and the record walk;
-- the admin plane: resource kinds, the routes protocol, CLI commands;
+- the admin plane: resource kinds, the routes protocol, console pages, CLI commands;
 - errors: :class:`ConfigError`, :class:`InterceptorConfigError`, :class:`ResourceError`,
   :class:`UpstreamError`, :class:`LogError`.
 """
@@ -21,6 +21,7 @@ from kio.schema.errors import ErrorCode
 
 from kanal.api.admin import AdminRoutes, AdminUser, Change, ResourceStore, View
 from kanal.api.cli import AdminClient, CliContext, CliError
+from kanal.api.console import ConsolePages
 from kanal.api.context import Connection, RecordsContext, RequestContext, ResponseContext
 from kanal.api.errors import ConfigError, InterceptorConfigError, LogError, UpstreamError
 from kanal.api.hookspecs import hookimpl
@@ -121,6 +122,7 @@ __all__ = [
     "Close",
     "ConfigError",
     "Connection",
+    "ConsolePages",
     "CorruptRecordError",
     "ErrorCode",
     "ExternalConnection",

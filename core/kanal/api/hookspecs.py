@@ -26,6 +26,7 @@ import pluggy
 
 if TYPE_CHECKING:
     from kanal.api.admin import AdminRoutes
+    from kanal.api.console import ConsolePages
     from kanal.api.context import Connection, RecordsContext, RequestContext, ResponseContext
     from kanal.api.interceptor import Interceptor
     from kanal.api.resources import ResourceKind
@@ -86,6 +87,19 @@ class PluginHooks:
         ``admin.current_user()`` the caller, ``admin.audit(action, **fields)`` records a change.
         Raise :class:`~kanal.api.resources.ResourceError` for a JSON error ``{title, msg, cause}``.
         Views are ``async`` and run in the gateway's trio loop: never block.
+        """
+
+    @hookspec
+    def kanal_console_pages(self, console: ConsolePages, services: GatewayServices) -> None:
+        """Add pages of your own to the web console (``/console`` on the admin port; called once,
+        after ``kanal_admin_routes``).
+
+        Register views with ``@console.page("<plugin-path>", "Title")`` and your templates' folder
+        with ``console.templates(folder)``; a view answers ``console.render("<plugin>/page.html",
+        **context)`` or, after a form, ``console.redirect("<path>", "what was done")``. Pages are
+        served behind the admin API's users (read-only users see every page and change nothing),
+        and forms carry a CSRF token. Render every value through the templates (autoescaped): never
+        build HTML from strings in Python. Views are ``async`` and run in the gateway's trio loop.
         """
 
     @hookspec
