@@ -7,6 +7,7 @@ from __future__ import annotations
 from kanal.api import Interceptor, hookimpl
 from kanal_safeguards import caching, chaos, claim_check, limits, policies, usage
 from kanal_safeguards.caching.cache import SESSIONS_VARIABLE
+from kanal_safeguards.limits.fleet_usage import TOPIC_SETTING
 
 __all__ = ["kanal_interceptor_types", "kanal_settings"]
 
@@ -26,5 +27,5 @@ def kanal_interceptor_types() -> list[type[Interceptor]]:
 @hookimpl
 def kanal_settings() -> list[str]:
     """The feature flag the cache refuses to run with (spec 03's known issue), so that operators
-    can set it (to false) with the plugin installed."""
-    return [SESSIONS_VARIABLE]
+    can set it (to false) with the plugin installed; the topic of the fleet-wide limits' usage."""
+    return [SESSIONS_VARIABLE, TOPIC_SETTING]

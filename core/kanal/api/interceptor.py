@@ -45,6 +45,12 @@ class Interceptor:
 
     plugin_name: ClassVar[str] = ""
     description: ClassVar[str] = ""
+    #: The spec this instance was configured from (its name, scope, priority and config as declared),
+    #: set by the core right after the constructor returns (so None inside ``__init__``, and for an
+    #: instance used outside the core). Every node of a fleet builds the interceptor from the same
+    #: declaration, so its plugin, name and scope identify it across the fleet: state a plugin shares
+    #: between nodes about one interceptor (a fleet-wide limit's usage) is keyed by them.
+    spec: InterceptorSpec | None = None
     config_type: ClassVar[type[Any] | None] = None
     config_schema: ClassVar[Mapping[str, Any] | None] = None
     request_api_keys: ClassVar[frozenset[int] | None] = frozenset()

@@ -103,7 +103,9 @@ def instantiate(
 
 def configured(spec: InterceptorSpec, instance: Interceptor) -> Configured:
     """An interceptor with its hooks, checked against the hookspecs (a misspelt hook name, a wrong
-    argument name: refused naming the interceptor)."""
+    argument name: refused naming the interceptor). Tells the instance its spec
+    (:attr:`Interceptor.spec`)."""
+    instance.spec = spec
     manager = pluggy.PluginManager(PROJECT)
     manager.add_hookspecs(InterceptorHooks)
     try:

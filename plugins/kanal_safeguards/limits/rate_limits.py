@@ -11,6 +11,9 @@ and a client that does wait is never held. ``action: INFO`` only audits.
 
 Only bytes of topics matching ``topic`` count: Produce ``records`` fields (their length: no record
 is decoded) and Fetch record sets (their batch sizes, read from the batch headers).
+
+The limit holds for the whole fleet: a bucket's rate is this node's share of the limit
+(:mod:`~kanal_safeguards.limits.fleet_usage`), the whole limit when the node is alone.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from __future__ import annotations
 import enum
 import math
 import time
-from collections.abc import Awaitable, Callable, Hashable
+from collections.abc import Awaitable, Callable, Hashable, Mapping
 from typing import Annotated, Any, ClassVar
 
 import msgspec
@@ -41,6 +44,7 @@ from kanal.api import (
 from kanal_safeguards.base import SafeguardInterceptor, TopicMatcher, check_action, with_throttle
 from kanal_safeguards.decisions import Action, Decisions, Violation
 from kanal_safeguards.limits.buckets import TokenBuckets
+from kanal_safeguards.limits.fleet_usage import SharedLimit, fleet_limits
 from kanal_safeguards.limits.windows import Clock, SlidingWindow
 
 __all__ = [
@@ -143,12 +147,25 @@ class _ByteRateLimit(SafeguardInterceptor):
         self.sleep: Callable[[float], Awaitable[Any]] = trio.sleep
         self.counted = _counted(services).labels(self.plugin_name)
         self.use_clock()
+        # in a fleet, the buckets' rate is this node's share of the limit (fleet_usage.py)
+        limit = config.maximum_bytes_per_second
+        single = config.limit_by is LimitBy.RULE
+        self.shared = SharedLimit(self, limit, seconds=1.0, integral=False, apply=self.set_shares, single=single)
+        fleet_limits(services).add(self.shared)
 
     def use_clock(self, clock: Clock | None = None) -> None:
         """(Re)starts the buckets and the audit window on ``clock`` (tests inject one)."""
         clock = clock or time.monotonic
         self.buckets = TokenBuckets(self.config.maximum_bytes_per_second, clock=clock)
         self.audits = SlidingWindow(1, 1.0, clock)
+
+    def set_shares(self, rate: float, by_key: Mapping[Hashable, float]) -> None:
+        """This node's share of the fleet-wide limit: ``rate`` for any key, ``by_key`` for the keys
+        some node used recently."""
+        self.buckets.set_rates(rate, by_key)
+
+    async def aclose(self) -> None:
+        fleet_limits(self.services).remove(self.shared)
 
     def throttle_ms(self, debt: float) -> int:
         """The throttle time of a debt of ``debt`` seconds, capped at the longest hold."""
@@ -225,6 +242,9 @@ class ProducerRateLimiting(_ByteRateLimit):
             await self.hold(key)
         debt = self.buckets.take(key, size)
         self.counted.inc(size)
+        shared = self.shared
+        if shared.active:
+            shared.add(key, size, debt > 0)
         if debt <= 0:
             return None
         self.over(connection, key, debt)
@@ -278,6 +298,9 @@ class ConsumerRateLimiting(_ByteRateLimit):
         key = self.key_of(ctx.connection)
         debt = self.buckets.take(key, size)
         self.counted.inc(size)
+        shared = self.shared
+        if shared.active:
+            shared.add(key, size, debt > 0)
         if debt > 0:
             self.over(ctx.connection, key, debt)
         return None

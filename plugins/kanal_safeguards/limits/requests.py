@@ -1,9 +1,11 @@
 """Rate limits: offset commits and group joins per minute per group id (``limit-commit-offset``,
 ``limit-join-group``), new connections per second (``limit-connection``).
 
-Each counts in a :class:`~kanal_safeguards.windows.SlidingWindow` held by the interceptor (so per
-gateway node and per configured interceptor: every connection its scope matches shares it). An
-event over the limit is, by ``action``:
+Each counts in a :class:`~kanal_safeguards.windows.SlidingWindow` held by the interceptor (per
+configured interceptor: every connection its scope matches shares it). The limit holds for the
+whole fleet: each node holds its keys to its share of it
+(:mod:`~kanal_safeguards.limits.fleet_usage`), the whole limit when it is alone. An event over the
+limit is, by ``action``:
 
 - BLOCK: refused (commits and joins: ``POLICY_VIOLATION``; connections: closed at their first
   request) and not counted, so the limit is what gets through;
@@ -15,6 +17,7 @@ event over the limit is, by ``action``:
 from __future__ import annotations
 
 import re
+from collections.abc import Hashable, Mapping
 from typing import Annotated, Any, ClassVar
 
 import msgspec
@@ -34,6 +37,7 @@ from kanal.api import (
 )
 from kanal_safeguards.base import SafeguardInterceptor, with_throttle
 from kanal_safeguards.decisions import Action, Decisions, Violation
+from kanal_safeguards.limits.fleet_usage import SharedLimit, fleet_limits
 from kanal_safeguards.limits.windows import SlidingWindow
 
 __all__ = [
@@ -46,6 +50,7 @@ __all__ = [
 ]
 
 _THROTTLE = "throttle"  # the note a THROTTLE decision leaves for the response hook
+_CONNECTIONS = "connections"  # limit-connection's one key
 _LIMIT_ACTIONS = (Action.BLOCK, Action.INFO, Action.THROTTLE)
 #: Every request but the two that carry records (kept undecoded: see limit-connection's doc).
 _FIRST_REQUESTS = frozenset(int(k) for k in ApiKey if k not in (ApiKey.PRODUCE, ApiKey.FETCH))
@@ -94,10 +99,21 @@ class _GroupRateLimit(SafeguardInterceptor):
     def __init__(self, config: _GroupLimitConfig, services: GatewayServices) -> None:
         super().__init__(config, services)
         self.window = SlidingWindow(self.limit, 60.0)
+        # in a fleet, each group's limit is this node's share of it (fleet_usage.py)
+        self.shared = SharedLimit(self, self.limit, seconds=60.0, integral=True, apply=self.set_shares)
+        fleet_limits(services).add(self.shared)
 
     @property
     def limit(self) -> int:
         raise NotImplementedError
+
+    def set_shares(self, limit: float, by_key: Mapping[Hashable, float]) -> None:
+        """This node's share of the fleet-wide limit: ``limit`` for any group, ``by_key`` for the
+        groups some node counted recently."""
+        self.window.set_limits(int(limit), {key: int(n) for key, n in by_key.items()})
+
+    async def aclose(self) -> None:
+        fleet_limits(self.services).remove(self.shared)
 
     @hookimpl
     def kanal_request(self, ctx: RequestContext) -> RequestResult:
@@ -105,7 +121,11 @@ class _GroupRateLimit(SafeguardInterceptor):
         if not self.config.group_pattern.fullmatch(group):
             return None
         action = self.config.action
-        if self.window.take(group, always=action is not Action.BLOCK):
+        allowed = self.window.take(group, always=action is not Action.BLOCK)
+        shared = self.shared
+        if shared.active:
+            shared.add(group, 1.0, not allowed)
+        if allowed:
             return None
         reason = f"Too many {self.what} for group '{group}': at most {self.limit} per minute."
         decisions = Decisions([Violation(reason, action, "groupId", group)])
@@ -181,13 +201,30 @@ class LimitConnection(SafeguardInterceptor):
 
     def __init__(self, config: LimitConnectionConfig, services: GatewayServices) -> None:
         super().__init__(config, services)
-        self.window = SlidingWindow(config.maximum_connections_per_second, 1.0)
+        limit = config.maximum_connections_per_second
+        self.window = SlidingWindow(limit, 1.0)
         self.over: dict[Connection, str] = {}  # connections over the limit, until their first request
+        # in a fleet, the limit is this node's share of it (fleet_usage.py)
+        self.shared = SharedLimit(
+            self, limit, seconds=1.0, integral=True, apply=self.set_shares, single=True, key=_CONNECTIONS
+        )
+        fleet_limits(services).add(self.shared)
+
+    def set_shares(self, limit: float, by_key: Mapping[Hashable, float]) -> None:
+        """This node's share of the fleet-wide limit (one key: every connection shares it)."""
+        self.window.set_limits(int(limit), {key: int(n) for key, n in by_key.items()})
+
+    async def aclose(self) -> None:
+        fleet_limits(self.services).remove(self.shared)
 
     @hookimpl
     def kanal_connection_opened(self, connection: Connection) -> None:
         action = self.config.action
-        if self.window.take("connections", always=action is not Action.BLOCK):
+        allowed = self.window.take(_CONNECTIONS, always=action is not Action.BLOCK)
+        shared = self.shared
+        if shared.active:
+            shared.add(_CONNECTIONS, 1.0, not allowed)
+        if allowed:
             return
         limit = self.config.maximum_connections_per_second
         reason = f"Too many new connections: at most {limit} per second."
