@@ -85,11 +85,14 @@ def _add_console(api: AdminApi, gateway: GatewayHost) -> None:
     from kanal.admin.console.app import Console
     from kanal.admin.console.gateway_pages import add_gateway_pages
     from kanal.admin.console.metrics_history import MetricsHistory
+    from kanal.admin.console.topics_page import add_topic_pages
 
     console = Console(api)
     history = MetricsHistory(gateway.metrics.registry)
     api.background.append(history.run)
     add_gateway_pages(console, gateway, history, time.time())
+    client = gateway.services_for("console")
+    add_topic_pages(console, lambda: client.kafka, console.record_columns, console.value_decoders)
     gateway.registry.call_each("kanal_console_pages", gateway.services_for, console=console)
 
 

@@ -7,9 +7,9 @@ the modules behind it may move, these names stay. First-party plugins use exactl
 - interceptors: :class:`Interceptor`, :class:`InterceptorSpec`, :class:`Scope`, :data:`hookimpl`;
 - what hooks receive and answer: the contexts and the results (:class:`Respond`, :class:`Reject`,
   :class:`Close`, :class:`PartitionError`);
-- the gateway: :class:`GatewayServices` (cluster id, metrics, topic names, a Kafka client, settings,
-  installed interceptors, state logs, background tasks, the audit log, the fleet: :class:`Fleet`,
-  :func:`while_leader`) and :class:`HelperProcess`;
+- the gateway: :class:`GatewayServices` (cluster id, metrics, topic names, a Kafka client (and a
+  :class:`TopicReader` over it), settings, installed interceptors, state logs, background tasks,
+  the audit log, the fleet: :class:`Fleet`, :func:`while_leader`) and :class:`HelperProcess`;
 - Kafka: :class:`ApiKey`, :class:`ErrorCode`, message builders (:func:`build`, :func:`nested`,
   :func:`has_field`, :func:`request_class`), the record API and the record walk;
 - the admin plane: resource kinds, the routes protocol, console pages, CLI commands;
@@ -21,7 +21,7 @@ from kio.schema.errors import ErrorCode
 
 from kanal.api.admin import AdminRoutes, AdminUser, Change, ResourceStore, View
 from kanal.api.cli import AdminClient, CliContext, CliError
-from kanal.api.console import ConsolePages
+from kanal.api.console import ConsolePages, RecordNote, ShownRecord
 from kanal.api.context import Connection, RecordsContext, RequestContext, ResponseContext
 from kanal.api.errors import ConfigError, InterceptorConfigError, LogError, UpstreamError
 from kanal.api.hookspecs import hookimpl
@@ -74,6 +74,7 @@ from kanal.api.settings import (
     SettingsFamily,
     external_connections,
 )
+from kanal.api.topic_reader import EARLIEST, LATEST, TopicReader
 from kanal.protocol.acl_codes import Operation as AclOperation
 from kanal.protocol.acl_codes import ResourceType as AclResourceType
 from kanal.protocol.api import ApiKey, api_name, require_request_class, response_class
@@ -103,8 +104,10 @@ from kanal.protocol.records import (
 
 __all__ = [
     "API_VERSION",
+    "EARLIEST",
     "EXTERNAL_CONNECTION_PREFIX",
     "GZIP",
+    "LATEST",
     "LZ4",
     "NONE",
     "READY",
@@ -148,6 +151,7 @@ __all__ = [
     "Principal",
     "Record",
     "RecordBatch",
+    "RecordNote",
     "RecordSet",
     "RecordSpan",
     "RecordsContext",
@@ -164,10 +168,12 @@ __all__ = [
     "Scope",
     "Service",
     "SettingsFamily",
+    "ShownRecord",
     "StateLog",
     "StateView",
     "Status",
     "TopicNames",
+    "TopicReader",
     "UpstreamError",
     "View",
     "api_name",

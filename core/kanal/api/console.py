@@ -9,14 +9,47 @@ implementation is :mod:`kanal.admin.console.app`; plugins depend on this protoco
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
 from kanal.api.admin import AdminUser, ResourceStore, View
 from kanal.api.resources import KindRegistry
 
-__all__ = ["ConsolePages"]
+__all__ = ["ConsolePages", "RecordNote", "ShownRecord"]
+
+
+@dataclass(frozen=True, slots=True)
+class ShownRecord:
+    """A record the console's topic page shows, as the broker stores it."""
+
+    topic: str
+    partition: int
+    offset: int
+    timestamp: int  # milliseconds since the epoch
+    key: bytes | None
+    value: bytes | None
+    headers: tuple[tuple[str, bytes | None], ...]
+
+    def header(self, name: str) -> bytes | None:
+        """The last value of header ``name`` (None when absent or null)."""
+        found = None
+        for key, value in self.headers:
+            if key == name:
+                found = value
+        return found
+
+
+@dataclass(frozen=True, slots=True)
+class RecordNote:
+    """What a plugin says of one record on the topic page: a ``badge`` beside it (a policy's name),
+    the ``text`` of the plugin's column, and ``details`` shown when the record is opened. All plain
+    text: the page escapes it."""
+
+    badge: str | None = None
+    text: str | None = None
+    details: str | None = None
 
 
 class ConsolePages(Protocol):
@@ -65,3 +98,13 @@ class ConsolePages(Protocol):
 
     async def form(self) -> Mapping[str, str]:
         """The submitted form of the current request (its CSRF token already checked)."""
+
+    def record_column(self, title: str, note: Callable[[ShownRecord], RecordNote | None]) -> None:
+        """Adds a column titled ``title`` to the topic page: ``note`` is called for every record shown
+        (keep it cheap: a page shows up to a few hundred) and returns what to show, or None."""
+
+    def value_decoder(self, name: str, decode: Callable[[ShownRecord], Awaitable[Any]]) -> None:
+        """Adds a way to show record values the page cannot read by itself (it reads JSON and text):
+        ``decode`` returns the value as JSON-like data, or None when the value is not its kind (an
+        Avro value of a schema registry, say). Decoders are tried in the order they were added; the
+        page names the decoder that read a value."""

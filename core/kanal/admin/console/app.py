@@ -17,7 +17,7 @@ import hmac
 import json
 import secrets
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
@@ -30,6 +30,7 @@ from kanal import __version__
 from kanal.admin.audit import audit, host_port
 from kanal.admin.console.charts import bar_chart, line_chart
 from kanal.api.admin import AdminUser, View
+from kanal.api.console import RecordNote, ShownRecord
 from kanal.config.users import EXAMPLE, USERS_ENV, authenticate, basic_header
 from kanal.config.users import AdminUser as ConfiguredUser
 
@@ -65,6 +66,9 @@ class Console:
     api: AdminApi
     nav: list[tuple[str, str]] = field(default_factory=list)  # (path, title), in registration order
     read_only_endpoints: set[str] = field(default_factory=set)
+    #: Plugins' columns of the topic page and value decoders (``record_column``, ``value_decoder``).
+    record_columns: list[tuple[str, Callable[[ShownRecord], RecordNote | None]]] = field(default_factory=list)
+    value_decoders: list[tuple[str, Callable[[ShownRecord], Awaitable[Any]]]] = field(default_factory=list)
     _loaders: list[jinja2.BaseLoader] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -154,6 +158,12 @@ class Console:
 
     async def form(self) -> Mapping[str, str]:
         return dict((await request.form).items())
+
+    def record_column(self, title: str, note: Callable[[ShownRecord], RecordNote | None]) -> None:
+        self.record_columns.append((title, note))
+
+    def value_decoder(self, name: str, decode: Callable[[ShownRecord], Awaitable[Any]]) -> None:
+        self.value_decoders.append((name, decode))
 
     # -- the guard (called by the admin app for every console request) ----------------------------
 
