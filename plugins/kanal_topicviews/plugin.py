@@ -6,20 +6,22 @@
   :mod:`kanal_topicviews.resource`); its schema registry connections are read from the gateway's
   settings at startup (``GATEWAY_EXTERNAL_CONNECTION_<NAME>_...``, see
   :mod:`kanal_topicviews.connections`), and the helper process it may start is closed at shutdown.
+* ``kanal_console_pages``: the console's topic-view pages (list, edit, preview; :mod:`kanal_topicviews.console`).
 * ``kanal_settings``: the family ``GATEWAY_EXTERNAL_CONNECTION_*``, checked at startup by
   :func:`~kanal_topicviews.connections.check_connections`, and the plugin's feature flags.
 """
 
 from __future__ import annotations
 
-from kanal.api import GatewayServices, Interceptor, ResourceKind, SettingsFamily, hookimpl
+from kanal.api import ConsolePages, GatewayServices, Interceptor, ResourceKind, SettingsFamily, hookimpl
 
+from . import console as console_pages
 from .connections import PREFIX, check_connections
 from .interceptor import TopicViewsInterceptor
 from .resource import topic_view_kind
 from .runtime import close_at_shutdown
 
-__all__ = ["kanal_admin_resources", "kanal_interceptor_types", "kanal_settings"]
+__all__ = ["kanal_admin_resources", "kanal_console_pages", "kanal_interceptor_types", "kanal_settings"]
 
 
 @hookimpl
@@ -32,6 +34,11 @@ def kanal_admin_resources(services: GatewayServices) -> list[ResourceKind]:
     kind = topic_view_kind(services)
     close_at_shutdown(services)
     return [kind]
+
+
+@hookimpl
+def kanal_console_pages(console: ConsolePages, services: GatewayServices) -> None:
+    console_pages.add_pages(console, services)
 
 
 @hookimpl

@@ -40,6 +40,9 @@ class ResourceStore(Protocol):
     def get(self, kind: str, key: Key) -> Manifest | None:
         """One stored resource, or None."""
 
+    def with_status(self, kind: ResourceKind, manifest: Manifest) -> Manifest:
+        """The manifest with its ``status`` on this node (Pending, Ready or Failed, and why)."""
+
     async def put(self, kind: ResourceKind, manifest: Any, *, dry_run: bool = False) -> Change:
         """Validates and stores a resource (raises ``ResourceError``, a 400, when it is invalid)."""
 
