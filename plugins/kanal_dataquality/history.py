@@ -10,7 +10,9 @@ retention) holds three kinds of JSON records, keyed by policy name:
 * ``suppressed``: violations a node did not report one by one (``DATA_QUALITY_MAX_REPORTS_PER_SECOND``),
   as a count, so that alerts still see them;
 * ``counts``: a node's evaluated and violation counts per policy for one minute, published every
-  ``DATA_QUALITY_COUNTS_FLUSH_INTERVAL`` (at most a minute);
+  ``DATA_QUALITY_COUNTS_FLUSH_INTERVAL`` (at most a minute); with ``shadow`` beside them when policies
+  in shadow mode would have blocked something: per policy ``{batches, records, rules: {rule: count}}``
+  (a key older nodes ignore);
 * ``checkpoint`` (keyed by cluster name): where the observer of a cluster without a gateway stands,
   ``cluster``, ``positions`` (``[topic, partition, next offset]`` triples), ``node``, ``fleetNode``
   (the gateway's fleet node id), ``time``, ``final`` (written as the node stopped observing). A node
@@ -40,7 +42,7 @@ import trio
 
 from kanal.api import LogError, LogRecord, StateLog
 
-__all__ = ["RANGES", "Checkpoint", "Checkpoints", "History", "Reporter", "follow", "publish"]
+__all__ = ["RANGES", "Checkpoint", "Checkpoints", "History", "Reporter", "Shadow", "follow", "publish"]
 
 log = logging.getLogger(__name__)
 
@@ -62,9 +64,29 @@ def _now_ms() -> int:
 
 
 @dataclass
+class Shadow:
+    """What a policy in shadow mode would have blocked: partition batches, their records, and the
+    records that broke each rule."""
+
+    batches: int = 0
+    records: int = 0
+    rules: dict[str, int] = field(default_factory=dict)
+
+    def add(self, batches: int, records: int, rules: Mapping[str, int]) -> None:
+        self.batches += batches
+        self.records += records
+        for rule, count in rules.items():
+            self.rules[rule] = self.rules.get(rule, 0) + count
+
+    def as_json(self) -> dict[str, Any]:
+        return {"batches": self.batches, "records": self.records, "rules": dict(self.rules)}
+
+
+@dataclass
 class _PolicyHistory:
     entries: collections.deque[dict[str, Any]]
     minutes: dict[int, list[int]] = field(default_factory=dict)  # epoch minute -> [evaluated, violations]
+    shadow: dict[int, Shadow] = field(default_factory=dict)  # epoch minute -> what shadow mode would have blocked
 
 
 Listener = Callable[[str, int, int, str], None]  # (policy, time ms, violation count, origin node)
@@ -210,6 +232,13 @@ class History:
             bucket[0] += int(evaluated)
             bucket[1] += int(violations)
 
+    def add_shadow(self, minute: int, shadow: Mapping[str, Mapping[str, Any]]) -> None:
+        """The shadow part of a counts record: per policy ``{batches, records, rules}``."""
+        for policy, item in shadow.items():
+            rules = {str(rule): int(count) for rule, count in (item.get("rules") or {}).items()}
+            bucket = self._policy(policy).shadow.setdefault(minute, Shadow())
+            bucket.add(int(item.get("batches", 0)), int(item.get("records", 0)), rules)
+
     def ingest(self, records: Iterable[LogRecord]) -> None:
         """Records read back from the topic (every node's, this one's included)."""
         for record in records:
@@ -234,7 +263,9 @@ class History:
             elif kind == "counts":
                 try:
                     self.add_counts(int(item["minute"]), item["counts"])
-                except (KeyError, TypeError, ValueError):
+                    if item.get("shadow"):
+                        self.add_shadow(int(item["minute"]), item["shadow"])
+                except (KeyError, TypeError, ValueError, AttributeError):
                     continue
             elif kind == "checkpoint":
                 self.checkpoints.read(item, record.timestamp)
@@ -252,6 +283,8 @@ class History:
             old = [m for m in item.minutes if m * 60_000 < horizon]
             for m in old:
                 del item.minutes[m]
+            for m in [m for m in item.shadow if m * 60_000 < horizon]:
+                del item.shadow[m]
 
     # -- queries
 
@@ -296,6 +329,19 @@ class History:
             series.append({"time": _iso(start * 60_000), "evaluated": e, "violations": v})
         return {"evaluated": evaluated, "violations": violations, "graph": series}
 
+    def shadow(self, policy: str, seconds: int) -> Shadow:
+        """What the policy in shadow mode would have blocked over the last ``seconds`` (fleet-wide, from
+        the counts records: it lags as the counts do)."""
+        total = Shadow()
+        item = self._policies.get(policy)
+        if item is None:
+            return total
+        since_minute = (self.clock() - seconds * 1000) // 60_000
+        for minute, bucket in item.shadow.items():
+            if minute >= since_minute:
+                total.add(bucket.batches, bucket.records, bucket.rules)
+        return total
+
     def policies(self) -> list[str]:
         return sorted(self._policies)
 
@@ -322,6 +368,7 @@ class Reporter:
         self.clock = clock
         self.queue: list[tuple[bytes, bytes]] = []
         self.pending: dict[int, dict[str, list[int]]] = {}  # minute -> policy -> [evaluated, violations]
+        self.pending_shadow: dict[int, dict[str, Shadow]] = {}  # minute -> policy -> what shadow mode saw
         self.suppressed: dict[str, int] = {}
         self._second = 0
         self._sent: dict[str, int] = {}
@@ -341,6 +388,13 @@ class Reporter:
         bucket = self.pending.setdefault(minute, {}).setdefault(policy, [0, 0])
         bucket[0] += evaluated
         bucket[1] += violations
+
+    def count_shadow(
+        self, policy: str, batches: int, records: int, rules: Mapping[str, int], now_ms: int | None = None
+    ) -> None:
+        """What a policy in shadow mode would have blocked, published with the counts."""
+        minute = (now_ms if now_ms is not None else self.clock()) // 60_000
+        self.pending_shadow.setdefault(minute, {}).setdefault(policy, Shadow()).add(batches, records, rules)
 
     def report(self, entry: dict[str, Any]) -> bool:
         """Queues a history entry unless the policy's rate is exceeded; returns whether it was kept."""
@@ -375,11 +429,20 @@ class Reporter:
             body = {"type": "suppressed", "node": self.node, "time": now, "policy": policy, "count": count}
             items.append((policy.encode(), orjson.dumps(body)))
         self.suppressed = {}
-        if counts and self.pending:
+        if counts and (self.pending or self.pending_shadow):
             pending, self.pending = self.pending, {}
-            for minute, by_policy in sorted(pending.items()):
-                body = {"type": "counts", "node": self.node, "time": now, "minute": minute, "counts": by_policy}
-                items.append((b"", orjson.dumps(body)))
+            shadow, self.pending_shadow = self.pending_shadow, {}
+            for minute in sorted(set(pending) | set(shadow)):
+                record: dict[str, Any] = {
+                    "type": "counts",
+                    "node": self.node,
+                    "time": now,
+                    "minute": minute,
+                    "counts": pending.get(minute, {}),
+                }
+                if minute in shadow:
+                    record["shadow"] = {policy: s.as_json() for policy, s in shadow[minute].items()}
+                items.append((b"", orjson.dumps(record)))
         if counts:
             items.extend(self.history.checkpoints.drain(closing))
         return items

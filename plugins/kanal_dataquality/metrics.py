@@ -7,6 +7,12 @@ Counted per policy, once per partition batch (never per record):
 * ``gateway_data_quality_blocked_batches_total{policy}``: partition batches it blocked;
 * ``gateway_data_quality_marked_records_total{policy}``: records written with its marking;
 * ``gateway_data_quality_reports_dropped_total{policy}``: history entries not kept (rate limit);
+* ``gateway_data_quality_shadow_blocked_batches_total{policy}``: partition batches a policy in shadow
+  mode would have rejected with block on;
+* ``gateway_data_quality_shadow_blocked_records_total{policy}``: the records of those batches (block
+  rejects a batch whole, its valid records too);
+* ``gateway_data_quality_shadow_violations_total{policy, rule}``: records that broke a rule of a policy
+  in shadow mode;
 * ``gateway_data_quality_alert_firing{alert, policy}``: 1 while an alert is firing (until its window ends);
 * ``gateway_data_quality_alerts_fired_total{alert, policy}``: times an alert fired;
 * ``gateway_data_quality_schema_lookups_total{result}``: schema registry lookups (found, unknown, unreachable);
@@ -58,6 +64,26 @@ class DataQualityMetrics:
             ["policy"],
             registry=r,
         )
+        self.shadow_blocked = Counter(
+            "gateway_data_quality_shadow_blocked_batches",
+            "Produce partition batches a data quality policy in shadow mode would have rejected with block on",
+            ["policy"],
+            registry=r,
+        )
+        self.shadow_blocked_records = Counter(
+            "gateway_data_quality_shadow_blocked_records",
+            "Records of the batches a data quality policy in shadow mode would have rejected",
+            ["policy"],
+            registry=r,
+        )
+        self.shadow_violations = Counter(
+            "gateway_data_quality_shadow_violations",
+            "Records that broke a rule of a data quality policy in shadow mode, by policy and rule",
+            ["policy", "rule"],
+            registry=r,
+        )
+        self._shadow_policies: set[str] = set()  # the series to drop with their policy (forget)
+        self._shadow_rules: set[tuple[str, str]] = set()
         self.alert_firing = Gauge(
             "gateway_data_quality_alert_firing",
             "1 while a data quality alert is firing (from its trigger until its window has passed)",
@@ -92,6 +118,17 @@ class DataQualityMetrics:
             )
         return bound
 
+    def shadow(self, policy: str, batches: int, records: int, rules: dict[str, int]) -> None:
+        """Counts what a policy in shadow mode would have blocked: ``batches`` partition batches of
+        ``records`` records, and the records that broke each rule."""
+        if batches:
+            self._shadow_policies.add(policy)
+            self.shadow_blocked.labels(policy).inc(batches)
+            self.shadow_blocked_records.labels(policy).inc(records)
+        for rule, count in rules.items():
+            self._shadow_rules.add((policy, rule))
+            self.shadow_violations.labels(policy, rule).inc(count)
+
     def forget(self, names: set[str]) -> None:
         """Drops the series of policies that no longer exist."""
         for name in list(self._bound):
@@ -100,3 +137,12 @@ class DataQualityMetrics:
                 for metric in (self.evaluated, self.violations, self.blocked, self.marked, self.reports_dropped):
                     with contextlib.suppress(KeyError):
                         metric.remove(name)
+        for name in [p for p in self._shadow_policies if p not in names]:
+            self._shadow_policies.discard(name)
+            for metric in (self.shadow_blocked, self.shadow_blocked_records):
+                with contextlib.suppress(KeyError):
+                    metric.remove(name)
+        for policy, rule in [pr for pr in self._shadow_rules if pr[0] not in names]:
+            self._shadow_rules.discard((policy, rule))
+            with contextlib.suppress(KeyError):
+                self.shadow_violations.remove(policy, rule)

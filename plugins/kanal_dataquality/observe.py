@@ -89,6 +89,10 @@ class ClusterReader:
         self.client = client
         self.timeout = timeout
         self.leaders: dict[tuple[str, int], int] = {}
+        # per partition, from its last Fetch answer: (log start offset, high watermark, last stable offset)
+        self.watermarks: dict[tuple[str, int], tuple[int, int, int]] = {}
+        # per partition, the error code of its last Fetch answer when it was one (0 once it is not)
+        self.errors: dict[tuple[str, int], int] = {}
 
     async def aclose(self) -> None:
         with trio.CancelScope(shield=True):
@@ -108,7 +112,29 @@ class ClusterReader:
             out[str(topic.name)] = sorted(partitions)
         return out
 
+    async def partitions(self, topic: str) -> tuple[int, list[int]]:
+        """(error code, partitions) of one topic (Metadata of that topic only; leaders learnt on the way)."""
+        reply = await self.client.metadata([topic])
+        for item in reply.topics:
+            if str(item.name) != topic:
+                continue
+            if item.error_code != ErrorCode.none:
+                return int(item.error_code), []
+            partitions = []
+            for p in item.partitions:
+                partitions.append(int(p.partition_index))
+                self.leaders[(topic, int(p.partition_index))] = int(p.leader_id)
+            return 0, sorted(partitions)
+        return int(ErrorCode.unknown_topic_or_partition), []
+
     async def end_offsets(self, partitions: Iterable[tuple[str, int]]) -> dict[tuple[str, int], int]:
+        return await self.list_offsets(partitions, -1)
+
+    async def list_offsets(
+        self, partitions: Iterable[tuple[str, int]], timestamp: int, isolation_level: int = 0
+    ) -> dict[tuple[str, int], int]:
+        """ListOffsets of the partitions at ``timestamp`` (-1 the end, -2 the log start, else the first
+        offset whose timestamp is at or after it: -1 when there is none); partitions in error are left out."""
         out: dict[tuple[str, int], int] = {}
         by_leader: dict[int, list[tuple[str, int]]] = {}
         for tp in partitions:
@@ -119,11 +145,11 @@ class ClusterReader:
             part_cls = nested(topic_cls, "partitions")
             topics: dict[str, list[Any]] = {}
             for topic, p in tps:
-                topics.setdefault(topic, []).append(_build(part_cls, partition_index=p, timestamp=-1))
+                topics.setdefault(topic, []).append(_build(part_cls, partition_index=p, timestamp=timestamp))
             body = _build(
                 cls,
                 replica_id=-1,
-                isolation_level=0,
+                isolation_level=isolation_level,
                 topics=tuple(_build(topic_cls, name=t, partitions=tuple(ps)) for t, ps in topics.items()),
             )
             reply = await self.client.call(body, node_id=leader if leader >= 0 else None, timeout=self.timeout)
@@ -134,9 +160,10 @@ class ClusterReader:
         return out
 
     async def fetch(
-        self, positions: dict[tuple[str, int], int], max_wait: float = 0.5
+        self, positions: dict[tuple[str, int], int], max_wait: float = 0.5, partition_bytes: int = _MAX_BYTES
     ) -> dict[tuple[str, int], tuple[RecordSet, int]]:
-        """New records of the partitions (one Fetch per leader): (records, next offset) per partition."""
+        """New records of the partitions (one Fetch per leader): (records, next offset) per partition
+        (read committed); at most about ``partition_bytes`` of each."""
         out: dict[tuple[str, int], tuple[RecordSet, int]] = {}
         by_leader: dict[int, list[tuple[str, int]]] = {}
         for tp in positions:
@@ -148,7 +175,9 @@ class ClusterReader:
             topics: dict[str, list[Any]] = {}
             for topic, p in tps:
                 topics.setdefault(topic, []).append(
-                    _build(part_cls, partition=p, fetch_offset=positions[(topic, p)], partition_max_bytes=_MAX_BYTES)
+                    _build(
+                        part_cls, partition=p, fetch_offset=positions[(topic, p)], partition_max_bytes=partition_bytes
+                    )
                 )
             body = _build(
                 cls,
@@ -166,10 +195,16 @@ class ClusterReader:
             for topic in reply.responses:
                 for part in topic.partitions:
                     tp = (str(topic.topic), int(part.partition_index))
+                    self.errors[tp] = int(part.error_code)
                     if part.error_code != ErrorCode.none:
                         if part.error_code == ErrorCode.offset_out_of_range:
                             out[tp] = (RecordSet.parse(None), _in_range(positions[tp], part))
                         continue
+                    self.watermarks[tp] = (
+                        int(getattr(part, "log_start_offset", -1)),
+                        int(getattr(part, "high_watermark", -1)),
+                        int(getattr(part, "last_stable_offset", -1)),
+                    )
                     records = RecordSet.parse(part.records)
                     next_offset = positions[tp]
                     for batch in records.batches:

@@ -6,10 +6,11 @@ Public plugin API only (``kanal.api``):
 * ``kanal_admin_resources``: the DataQualityRule (v1), DataQualityPolicy (v1) and Alert (v3) kinds; their
   ``apply`` compiles the stored resources and installs the interceptor (``services.install``) while a
   policy targets this gateway;
-* ``kanal_admin_routes``: rule test, metrics, history, alerts, group-permitted writes;
+* ``kanal_admin_routes``: rule test, metrics, history, alerts, group-permitted writes, backtests;
+* ``kanal_console_pages``: the console's data-quality pages (policies, rules, alerts);
 * ``kanal_gateway_services``: the history publisher and follower, alert delivery, and the observer of
   clusters without a gateway (on the fleet's leader);
-* ``kanal_cli_commands``: ``kanal test-rule``.
+* ``kanal_cli_commands``: ``kanal test-rule`` and ``kanal dq backtest``.
 
 The gateway's :class:`~kanal_dataquality.runtime.Runtime` is built by the first of these hooks to run,
 from the plugin's services, and kept in ``services.shared`` (one per plugin per gateway), where the
@@ -25,6 +26,7 @@ import trio
 from kanal.api import (
     AdminRoutes,
     CliContext,
+    ConsolePages,
     GatewayServices,
     Interceptor,
     InterceptorSpec,
@@ -81,9 +83,18 @@ def kanal_admin_resources(services: GatewayServices) -> list[ResourceKind]:
 
 @hookimpl
 def kanal_admin_routes(admin: AdminRoutes, services: GatewayServices) -> None:
+    from kanal_dataquality.backtest_routes import add_backtest_routes
     from kanal_dataquality.routes import add_routes
 
     add_routes(admin, runtime_of(services), services.fleet)
+    add_backtest_routes(admin, runtime_of(services), services)
+
+
+@hookimpl
+def kanal_console_pages(console: ConsolePages, services: GatewayServices) -> None:
+    from kanal_dataquality.console import add_pages
+
+    add_pages(console, runtime_of(services))
 
 
 @hookimpl

@@ -51,6 +51,9 @@ class CompiledPolicy:
     cluster: str  # the cluster of its targets (they are all on one kind of cluster)
     observed: bool  # True: a cluster without a gateway (observe only)
     missing_rules: tuple[str, ...] = ()
+    # Shadow mode: evaluated as a report-only policy (``block`` and ``mark`` are off), and what block
+    # would have rejected is counted and reported (see Runtime.record).
+    shadow: bool = False
 
     def applies_to(self, topic: str) -> bool:
         return any(t.matches(topic) for t in self.targets)
@@ -77,17 +80,20 @@ def compile_policy(
     targets = tuple(Target(t["cluster"], t["topic"], t.get("patternType", LITERAL) == LITERAL) for t in spec["targets"])
     actions = spec.get("actions") or {}
     cluster = targets[0].cluster if targets else ""
+    shadow = bool((actions.get("shadow") or {}).get("enabled", False))
     return CompiledPolicy(
         name=metadata["name"],
         group=str(metadata.get("group") or ""),
         rules=tuple(compiled),
         targets=targets,
-        block=bool((actions.get("block") or {}).get("enabled", False)),
-        mark=bool((actions.get("mark") or {}).get("enabled", False)),
+        # in shadow mode nothing is blocked or marked: the policy runs as a report-only one
+        block=bool((actions.get("block") or {}).get("enabled", False)) and not shadow,
+        mark=bool((actions.get("mark") or {}).get("enabled", False)) and not shadow,
         report=bool((actions.get("report") or {}).get("enabled", True)),
         cluster=cluster,
         observed=cluster in observed_clusters,
         missing_rules=tuple(missing),
+        shadow=shadow,
     )
 
 
@@ -104,6 +110,7 @@ class Plan:
     uses_headers: bool
     enforce_avro: bool
     any_mark: bool
+    any_shadow: bool = False
     # (mode, evaluate) per rule, for the record loop
     calls: tuple[tuple[int, Any], ...] = field(default=())
     header_names: frozenset[str] | None = frozenset()  # the headers rules read by name; None: any
@@ -132,6 +139,7 @@ def build_plan(policies: Sequence[CompiledPolicy]) -> Plan:
         uses_headers=any(r.uses_headers for r in rules),
         enforce_avro=any(r.mode == ENFORCE_AVRO_MODE for r in rules),
         any_mark=any(p.mark and not p.block for p in policies),
+        any_shadow=any(p.shadow for p in policies),
         calls=tuple((r.mode, r.evaluate) for r in rules),
         header_names=_header_names(rules),
     )

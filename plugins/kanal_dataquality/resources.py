@@ -32,6 +32,8 @@ DataQualityPolicy::
         - {cluster: gateway, topic: orders, patternType: LITERAL}
         - {cluster: gateway, topic: "payments-*"}          # a prefix (patternType PREFIXED)
       actions: {block: {enabled: false}, mark: {enabled: true}, report: {enabled: true}}
+      # shadow (our extension): {enabled: true} evaluates live traffic and reports what block would
+      # have rejected, blocking and marking nothing
 
 Alert::
 
@@ -294,15 +296,18 @@ def canonical_policy(manifest: Any, kind: ResourceKind, state: StateView, checks
     actions = spec.get("actions") or {}
     if not isinstance(actions, Mapping):
         raise invalid("spec.actions must be an object {block: {enabled}, mark: {enabled}}")
-    _unknown(actions, ("block", "mark", "report"), "spec.actions")
+    _unknown(actions, ("block", "mark", "report", "shadow"), "spec.actions")
     block, mark, report = _flag(actions, "block", False), _flag(actions, "mark", False), _flag(actions, "report", True)
-    if observed and (block or mark):
-        action = "block" if block else "mark"
+    shadow = _flag(actions, "shadow", False)
+    if observed and (block or mark or shadow):
+        action = "block" if block else "mark" if mark else "shadow"
         raise invalid(
             f"spec.actions.{action}: actions need a gateway; cluster {observed[0]['cluster']!r} has none, so this "
-            "policy can only observe (counts and history). Disable block and mark."
+            "policy can only observe (counts and history). Disable block, mark and shadow."
         )
     out["actions"] = {"block": {"enabled": block}, "mark": {"enabled": mark}, "report": {"enabled": report}}
+    if shadow:  # our extension: written only when on, so policies without it keep their canonical form
+        out["actions"]["shadow"] = {"enabled": True}
     return envelope(kind, meta, out)
 
 
@@ -487,7 +492,7 @@ POLICY_SCHEMA: Mapping[str, Any] = {
             "type": "object",
             "properties": {
                 name: {"type": "object", "properties": {"enabled": {"type": "boolean"}}}
-                for name in ("block", "mark", "report")
+                for name in ("block", "mark", "report", "shadow")
             },
         },
     },

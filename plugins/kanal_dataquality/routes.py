@@ -2,8 +2,10 @@
 
 * ``POST /test-rule``: a rule (``{"rule": "<name>"}`` or an inline rule) on a sample key, value and
   headers; answers ``{"result": "passed" | "failed" | "evaluationError", "message", "reason"}``.
-* ``GET /metrics?range=30m|1h|1d|7d``: evaluated and violation counts of every policy over the range.
-* ``GET /policies/<name>/metrics?range=...``: one policy's counts and its violations graph.
+* ``GET /metrics?range=30m|1h|1d|7d``: evaluated and violation counts of every policy over the range
+  (``wouldHaveBlocked`` for policies in shadow mode).
+* ``GET /policies/<name>/metrics?range=...``: one policy's counts and its violations graph; for a policy
+  in shadow mode, what block would have rejected (``shadow``).
 * ``GET /policies/<name>/violations?range=...&limit=100``: its violation history, newest first.
 * ``GET /alerts``: every alert, whether it is firing.
 * ``GET /observer``: the partitions of clusters without a gateway this node observes, and their offsets
@@ -13,6 +15,8 @@
 * ``PUT /<kind>`` and ``DELETE /<kind>/<name>`` (kind: ``data-quality-rule``, ``data-quality-policy``,
   ``alert``): the same as the generic resource routes, open to members of a group with the
   ``ManageDataQuality`` permission (see :mod:`kanal_dataquality.permissions`), not only to admins.
+
+Backtests have routes of their own (:mod:`kanal_dataquality.backtest_routes`).
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ from kanal_dataquality.history import RANGES
 from kanal_dataquality.permissions import authorize
 from kanal_dataquality.resources import ALERT, POLICY, RULE
 from kanal_dataquality.rules import RuleCompileError
-from kanal_dataquality.runtime import Runtime
+from kanal_dataquality.runtime import SHADOW_STATUS, Runtime
 from kanal_dataquality.testrule import ERROR, SampleError, compile_for_test, run_test
 
 __all__ = ["add_routes"]
@@ -108,16 +112,42 @@ def add_routes(admin: AdminRoutes, runtime: Runtime, fleet: Fleet) -> None:
             raise invalid(str(exc)) from None
         return _json({"rule": rule.name, **{k: v for k, v in answer.items() if v is not None}})
 
+    def shadow_enabled(name: str) -> bool:
+        manifest = store.get(POLICY, (name,)) or {}
+        return bool(((manifest.get("spec") or {}).get("actions") or {}).get("shadow", {}).get("enabled"))
+
+    def shadow_of(name: str, seconds: int) -> dict[str, Any] | None:
+        """What the policy in shadow mode would have blocked over the range; None for a policy that is
+        not in shadow mode and never was within it."""
+        enabled = shadow_enabled(name)
+        shadow = runtime.history.shadow(name, seconds)
+        if not enabled and not shadow.batches:
+            return None
+        return {
+            "enabled": enabled,
+            "wouldHaveBlocked": shadow.batches,
+            "wouldHaveBlockedRecords": shadow.records,
+            "violationsByRule": dict(sorted(shadow.rules.items())),
+        }
+
     @admin.route(f"{PREFIX}/metrics", methods=["GET"])
     async def dq_metrics() -> Response:
-        """Evaluated and violation counts of every data quality policy over ?range=30m|1h|1d|7d."""
+        """Evaluated and violation counts of every data quality policy over ?range=30m|1h|1d|7d (and, for
+        a policy in shadow mode, the batches block would have rejected)."""
         name, seconds, bucket = _range()
         out = []
         for policy in policy_names():
             counts = runtime.history.counts(policy, seconds, bucket)
-            out.append(
-                {"policy": policy, "range": name, "evaluated": counts["evaluated"], "violations": counts["violations"]}
-            )
+            item: dict[str, Any] = {
+                "policy": policy,
+                "range": name,
+                "evaluated": counts["evaluated"],
+                "violations": counts["violations"],
+            }
+            shadow = shadow_of(policy, seconds)
+            if shadow is not None:
+                item["wouldHaveBlocked"] = shadow["wouldHaveBlocked"]
+            out.append(item)
         return _json(out)
 
     @admin.route(f"{PREFIX}/policies/<name>/metrics", methods=["GET"])
@@ -127,14 +157,24 @@ def add_routes(admin: AdminRoutes, runtime: Runtime, fleet: Fleet) -> None:
         range_name, seconds, bucket = _range()
         counts = runtime.history.counts(name, seconds, bucket)
         status = runtime.statuses.get(name)
-        return _json(
-            {
-                "policy": name,
-                "range": range_name,
-                "status": status.as_dict() if status else {"status": "Pending"},
-                **counts,
-            }
-        )
+        answer = {
+            "policy": name,
+            "range": range_name,
+            "status": status.as_dict() if status else {"status": "Pending"},
+            **counts,
+        }
+        shadow = shadow_of(name, seconds)
+        if shadow is not None:
+            answer["shadow"] = shadow
+            if shadow["enabled"]:  # the status says it too: "would have blocked N"
+                text = (
+                    f"shadow mode: would have blocked {shadow['wouldHaveBlocked']} batches "
+                    f"({shadow['wouldHaveBlockedRecords']} records) in {range_name}"
+                )
+                current = answer["status"].get("message")
+                keep = current if current and current != SHADOW_STATUS else None
+                answer["status"] = {**answer["status"], "message": f"{keep}; {text}" if keep else text}
+        return _json(answer)
 
     @admin.route(f"{PREFIX}/policies/<name>/violations", methods=["GET"])
     async def dq_policy_violations(name: str) -> Response:

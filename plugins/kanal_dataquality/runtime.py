@@ -32,12 +32,16 @@ from kanal_dataquality.resources import ALERT, POLICY, RULE, Checks
 from kanal_dataquality.rules import ENFORCE_AVRO, CompiledRule, RuleCompileError, compile_rule, enforce_avro
 from kanal_dataquality.settings import Settings
 
-__all__ = ["RUNTIME", "Runtime", "compile_manifests"]
+__all__ = ["RUNTIME", "SHADOW_STATUS", "WOULD_BLOCK", "Runtime", "compile_manifests"]
 
 log = logging.getLogger(__name__)
 
 #: The key of the gateway's runtime in the plugin's ``services.shared``.
 RUNTIME = "runtime"
+#: The history action of a violation a policy in shadow mode let through (block would have rejected it).
+WOULD_BLOCK = "WOULD_BLOCK"
+#: The status message of a policy in shadow mode.
+SHADOW_STATUS = "shadow mode: nothing is blocked or marked; what block would have rejected is reported"
 
 
 def compile_manifests(
@@ -171,7 +175,10 @@ class Runtime:
             if policy.observed and policy.cluster not in self.settings.clusters:
                 problems.append(f"cluster {policy.cluster!r} is not configured on this node (DATA_QUALITY_CLUSTERS)")
             policies.append(policy)
-            statuses[name] = Status("Failed", "; ".join(problems)) if problems else READY
+            if problems:
+                statuses[name] = Status("Failed", "; ".join(problems))
+            else:
+                statuses[name] = Status("Ready", SHADOW_STATUS) if policy.shadow else READY
         engine = Engine(rules, policies, self.gateway_cluster)
         self.engine = engine
         self.metrics.forget({p.name for p in policies})
@@ -220,20 +227,21 @@ class Runtime:
 
         def report(policy_name: str, rule_indexes: tuple[int, ...], outcomes: Any, action: str) -> None:
             rules = [plan.rules[i] for i in rule_indexes]
-            reporter.report(
-                {
-                    "time": now,
-                    "policy": policy_name,
-                    "cluster": cluster,
-                    "topic": topic,
-                    "partition": partition,
-                    "rules": [r.name for r in rules],
-                    "message": violation_text(rules),
-                    "details": details(rules, outcomes),
-                    "clientId": client_id,
-                    "action": action,
-                }
-            )
+            entry = {
+                "time": now,
+                "policy": policy_name,
+                "cluster": cluster,
+                "topic": topic,
+                "partition": partition,
+                "rules": [r.name for r in rules],
+                "message": violation_text(rules),
+                "details": details(rules, outcomes),
+                "clientId": client_id,
+                "action": action,
+            }
+            if action == WOULD_BLOCK:
+                entry["shadow"] = True
+            reporter.report(entry)
 
         if blocked is not None:
             policy = plan.policies[blocked.policy]
@@ -252,8 +260,15 @@ class Runtime:
             counts[v.policy] += 1
             policy = plan.policies[v.policy]
             if policy.report:
-                action = ("MARKED" if policy.mark else "REPORTED") if enforce else "OBSERVED"
+                if not enforce:
+                    action = "OBSERVED"
+                elif policy.shadow:
+                    action = WOULD_BLOCK
+                else:
+                    action = "MARKED" if policy.mark else "REPORTED"
                 report(policy.name, v.rules, v.outcomes, action)
+        if enforce and plan.any_shadow and result.violations:
+            self._shadow(plan, result, counts, now)
         marked: dict[str, int] = {}
         if enforce and plan.any_mark and result.violations:
             mark(plan, result.violations)
@@ -271,6 +286,21 @@ class Runtime:
             reporter.count(policy.name, result.evaluated, counts[i], now)
         self._flush_if_detached()
         return None
+
+    def _shadow(self, plan: Plan, result: BatchResult, counts: list[int], now: int) -> None:
+        """Counts what the policies in shadow mode would have blocked: the partition's records (block
+        rejects them whole) when they broke the policy, and the records that broke each rule."""
+        for i, policy in enumerate(plan.policies):
+            if not policy.shadow or not counts[i]:
+                continue
+            rules: dict[str, int] = {}
+            for v in result.violations:
+                if v.policy == i:
+                    for r in v.rules:
+                        name = plan.rules[r].name
+                        rules[name] = rules.get(name, 0) + 1
+            self.metrics.shadow(policy.name, 1, result.evaluated, rules)
+            self.reporter.count_shadow(policy.name, 1, result.evaluated, rules, now)
 
     def _flush_if_detached(self) -> None:
         if not self.reporter.connected:

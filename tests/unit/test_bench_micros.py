@@ -20,6 +20,7 @@ BENCH = Path(__file__).resolve().parents[2] / "bench"
         ("encryption_micro.py", "us per record"),
         ("encryption_plugin_micro.py", "fields encrypt"),
         ("auth_micro.py", "scram-sha-512"),
+        ("dq_backtest_micro.py", "backtest job"),
     ],
 )
 def test_micro_benchmark_runs(script: str, reports: str) -> None:
