@@ -37,24 +37,17 @@ node of a fleet.
 
 from __future__ import annotations
 
-import datetime
 import logging
-from collections.abc import Iterable
-from typing import Any
 
 import trio
 
 from kanal.api import (
-    ErrorCode,
     GatewayServices,
-    KafkaClient,
     LogError,
     RecordSet,
     StateLog,
+    TopicReader,
     UpstreamError,
-    build,
-    has_field,
-    nested,
     while_leader,
 )
 from kanal_dataquality.evaluate import evaluate, needed, schema_refs
@@ -67,163 +60,19 @@ __all__ = ["HANDOVER_WAIT", "ClusterReader", "observe", "observe_as_leader", "ob
 
 log = logging.getLogger(__name__)
 
-_MAX_BYTES = 8 * 1024 * 1024
 REFRESH = 3.0  # seconds between topic listings
 #: How long a new observer waits for its predecessor's final checkpoint (when the last checkpoint is
 #: not final: the predecessor may be writing it, or it vanished).
 HANDOVER_WAIT = 5.0
 
 
-def _build(cls: Any, **values: Any) -> Any:
-    return build(cls, **{k: v for k, v in values.items() if has_field(cls, k)})
-
-
-def _ms(seconds: float) -> datetime.timedelta:
-    return datetime.timedelta(milliseconds=int(seconds * 1000))
-
-
-class ClusterReader:
-    """Reads partitions of one cluster: topic listing, end offsets, fetches from leaders."""
-
-    def __init__(self, client: KafkaClient, timeout: float = 10.0) -> None:
-        self.client = client
-        self.timeout = timeout
-        self.leaders: dict[tuple[str, int], int] = {}
-        # per partition, from its last Fetch answer: (log start offset, high watermark, last stable offset)
-        self.watermarks: dict[tuple[str, int], tuple[int, int, int]] = {}
-        # per partition, the error code of its last Fetch answer when it was one (0 once it is not)
-        self.errors: dict[tuple[str, int], int] = {}
+class ClusterReader(TopicReader):
+    """Reads partitions of one cluster (the plugin API's :class:`~kanal.api.TopicReader`), and owns
+    its client: an observer's client of a cluster without a gateway is closed with it."""
 
     async def aclose(self) -> None:
         with trio.CancelScope(shield=True):
             await self.client.aclose()
-
-    async def topics(self) -> dict[str, list[int]]:
-        """Every topic of the cluster and its partitions (leaders and brokers learnt on the way)."""
-        reply = await self.client.metadata(None)
-        out: dict[str, list[int]] = {}
-        for topic in reply.topics:
-            if topic.error_code != ErrorCode.none or not topic.name or getattr(topic, "is_internal", False):
-                continue
-            partitions = []
-            for p in topic.partitions:
-                partitions.append(int(p.partition_index))
-                self.leaders[(str(topic.name), int(p.partition_index))] = int(p.leader_id)
-            out[str(topic.name)] = sorted(partitions)
-        return out
-
-    async def partitions(self, topic: str) -> tuple[int, list[int]]:
-        """(error code, partitions) of one topic (Metadata of that topic only; leaders learnt on the way)."""
-        reply = await self.client.metadata([topic])
-        for item in reply.topics:
-            if str(item.name) != topic:
-                continue
-            if item.error_code != ErrorCode.none:
-                return int(item.error_code), []
-            partitions = []
-            for p in item.partitions:
-                partitions.append(int(p.partition_index))
-                self.leaders[(topic, int(p.partition_index))] = int(p.leader_id)
-            return 0, sorted(partitions)
-        return int(ErrorCode.unknown_topic_or_partition), []
-
-    async def end_offsets(self, partitions: Iterable[tuple[str, int]]) -> dict[tuple[str, int], int]:
-        return await self.list_offsets(partitions, -1)
-
-    async def list_offsets(
-        self, partitions: Iterable[tuple[str, int]], timestamp: int, isolation_level: int = 0
-    ) -> dict[tuple[str, int], int]:
-        """ListOffsets of the partitions at ``timestamp`` (-1 the end, -2 the log start, else the first
-        offset whose timestamp is at or after it: -1 when there is none); partitions in error are left out."""
-        out: dict[tuple[str, int], int] = {}
-        by_leader: dict[int, list[tuple[str, int]]] = {}
-        for tp in partitions:
-            by_leader.setdefault(self.leaders.get(tp, -1), []).append(tp)
-        for leader, tps in by_leader.items():
-            cls = self.client.request_class(2)
-            topic_cls = nested(cls, "topics")
-            part_cls = nested(topic_cls, "partitions")
-            topics: dict[str, list[Any]] = {}
-            for topic, p in tps:
-                topics.setdefault(topic, []).append(_build(part_cls, partition_index=p, timestamp=timestamp))
-            body = _build(
-                cls,
-                replica_id=-1,
-                isolation_level=isolation_level,
-                topics=tuple(_build(topic_cls, name=t, partitions=tuple(ps)) for t, ps in topics.items()),
-            )
-            reply = await self.client.call(body, node_id=leader if leader >= 0 else None, timeout=self.timeout)
-            for topic in reply.topics:
-                for part in topic.partitions:
-                    if part.error_code == ErrorCode.none:
-                        out[(str(topic.name), int(part.partition_index))] = int(part.offset)
-        return out
-
-    async def fetch(
-        self, positions: dict[tuple[str, int], int], max_wait: float = 0.5, partition_bytes: int = _MAX_BYTES
-    ) -> dict[tuple[str, int], tuple[RecordSet, int]]:
-        """New records of the partitions (one Fetch per leader): (records, next offset) per partition
-        (read committed); at most about ``partition_bytes`` of each."""
-        out: dict[tuple[str, int], tuple[RecordSet, int]] = {}
-        by_leader: dict[int, list[tuple[str, int]]] = {}
-        for tp in positions:
-            by_leader.setdefault(self.leaders.get(tp, -1), []).append(tp)
-        for leader, tps in by_leader.items():
-            cls = self.client.request_class(1)
-            topic_cls = nested(cls, "topics")
-            part_cls = nested(topic_cls, "partitions")
-            topics: dict[str, list[Any]] = {}
-            for topic, p in tps:
-                topics.setdefault(topic, []).append(
-                    _build(
-                        part_cls, partition=p, fetch_offset=positions[(topic, p)], partition_max_bytes=partition_bytes
-                    )
-                )
-            body = _build(
-                cls,
-                replica_id=-1,
-                max_wait=_ms(max_wait),
-                min_bytes=1,
-                max_bytes=_MAX_BYTES,
-                isolation_level=1,
-                session_epoch=-1,
-                topics=tuple(_build(topic_cls, topic=t, partitions=tuple(ps)) for t, ps in topics.items()),
-            )
-            reply = await self.client.call(
-                body, node_id=leader if leader >= 0 else None, timeout=self.timeout + max_wait
-            )
-            for topic in reply.responses:
-                for part in topic.partitions:
-                    tp = (str(topic.topic), int(part.partition_index))
-                    self.errors[tp] = int(part.error_code)
-                    if part.error_code != ErrorCode.none:
-                        if part.error_code == ErrorCode.offset_out_of_range:
-                            out[tp] = (RecordSet.parse(None), _in_range(positions[tp], part))
-                        continue
-                    self.watermarks[tp] = (
-                        int(getattr(part, "log_start_offset", -1)),
-                        int(getattr(part, "high_watermark", -1)),
-                        int(getattr(part, "last_stable_offset", -1)),
-                    )
-                    records = RecordSet.parse(part.records)
-                    next_offset = positions[tp]
-                    for batch in records.batches:
-                        next_offset = max(next_offset, batch.next_offset)
-                    out[tp] = (records, next_offset)
-        return out
-
-
-def _in_range(position: int, part: Any) -> int:
-    """Where to go on after OFFSET_OUT_OF_RANGE: the log start when the records were deleted, the
-    end when the position is past it (a checkpoint of a topic since recreated); -1 when the answer
-    does not tell (the partition then starts again at its end)."""
-    start = int(getattr(part, "log_start_offset", -1))
-    end = int(getattr(part, "high_watermark", -1))
-    if position < start:
-        return start
-    if 0 <= end < position:
-        return end
-    return -1
 
 
 async def _evaluate(

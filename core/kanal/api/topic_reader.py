@@ -53,6 +53,8 @@ class TopicReader:
         self.timeout = timeout
         self.leaders: dict[Partition, int] = {}
         self.watermarks: dict[Partition, tuple[int, int, int]] = {}
+        #: per partition, the error code of its last Fetch answer (0 once it is not an error)
+        self.errors: dict[Partition, int] = {}
 
     async def topics(self) -> dict[str, list[int]]:
         """Every topic of the cluster (internal ones left out) and its partitions."""
@@ -73,6 +75,10 @@ class TopicReader:
                     return int(item.error_code), []
                 return 0, self._learn(topic, item.partitions)
         return int(ErrorCode.unknown_topic_or_partition), []
+
+    async def end_offsets(self, partitions: Iterable[Partition]) -> dict[Partition, int]:
+        """The end (next) offset of each partition."""
+        return await self.list_offsets(partitions, LATEST)
 
     def _learn(self, topic: str, partitions: Iterable[Any]) -> list[int]:
         found = []
@@ -152,6 +158,7 @@ class TopicReader:
             for topic in reply.responses:
                 for part in topic.partitions:
                     tp = (str(topic.topic), int(part.partition_index))
+                    self.errors[tp] = int(part.error_code)
                     if part.error_code != ErrorCode.none:
                         if part.error_code == ErrorCode.offset_out_of_range:
                             out[tp] = (RecordSet.parse(None), _in_range(positions[tp], part))

@@ -68,7 +68,7 @@ async def browse(
     ends = await reader.list_offsets(tps, LATEST)
     if mode == "time":
         found = await reader.list_offsets(tps, at_ms)
-        positions = {tp: found[tp] if found.get(tp, -1) >= 0 else ends[tp] for tp in tps if tp in ends}
+        positions = {tp: found[tp] for tp in tps if found.get(tp, -1) >= 0}  # (-1: nothing that late)
     elif mode == "offset":
         positions = {tp: max(offset, starts.get(tp, 0)) for tp in tps if tp in ends}
     else:
