@@ -45,16 +45,22 @@ class Browse:
     ends: dict[int, int] = field(default_factory=dict)  # per partition: the end (next) offset
 
 
-def _records_of(topic: str, partition: int, data: Any, since: int) -> list[ShownRecord]:
-    out = []
+def _records_of(topic: str, partition: int, data: Any, since: int, count: int, after_ms: int) -> list[ShownRecord]:
+    """Up to ``count`` records at or after offset ``since`` and time ``after_ms``; batches before
+    them are skipped on their headers, without decoding (a broker answers a Fetch with whole
+    batches, megabytes of them, starting before the offset asked)."""
+    out: list[ShownRecord] = []
     for batch in data.batches:
-        if batch.is_control:
+        if batch.is_control or batch.next_offset <= since or batch.max_timestamp < after_ms:
             continue
         for r in batch.records():
             offset = batch.offset_of(r)
-            if offset >= since:
+            timestamp = batch.timestamp_of(r)
+            if offset >= since and timestamp >= after_ms:
                 headers = tuple((str(k), v) for k, v in r.headers)
-                out.append(ShownRecord(topic, partition, offset, batch.timestamp_of(r), r.key, r.value, headers))
+                out.append(ShownRecord(topic, partition, offset, timestamp, r.key, r.value, headers))
+                if len(out) >= count:
+                    return out
     return out
 
 
@@ -90,7 +96,9 @@ async def browse(
                 if mode == "latest" and latest > wanted[tp]:
                     collected[tp], progressed[tp] = [], latest  # read the real tail instead
                     continue
-            collected[tp].extend(_records_of(topic, tp[1], records, wanted[tp]))
+            room = count - len(collected[tp]) if mode != "latest" else count
+            found = _records_of(topic, tp[1], records, wanted[tp], room, at_ms if mode == "time" else 0)
+            collected[tp].extend(found)
             if len(collected[tp]) < count and wanted[tp] < next_offset < max(ends[tp], high):
                 progressed[tp] = next_offset
         wanted = progressed
