@@ -52,12 +52,22 @@ import re
 import ssl
 import time
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from difflib import get_close_matches
 from typing import Any, Final
 
-from kanal_schemas import AVRO, JSON, RegistryError, Schema, SchemaRegistryClient, TlsSettings, prefix_ref
+from kanal_schemas import (
+    AVRO,
+    JSON,
+    RegistryError,
+    Schema,
+    SchemaRegistryClient,
+    TlsSettings,
+    header_ref,
+    prefix_ref,
+    split,
+)
 
 from kanal.api import (
     EXTERNAL_CONNECTION_PREFIX,
@@ -313,6 +323,23 @@ class _Registry:
             return
         self.readers[schema_id] = reader
 
+    async def read(self, value: bytes | None, header: bytes | None) -> Any:
+        """A record value decoded with the schema it names (its ``__value_schema_id`` header, a GUID
+        or an id, else the Confluent prefix), for the console; None when it names no schema."""
+        ref = header_ref(header)
+        body = value
+        if ref is None:
+            framed = split(value) if value is not None else None
+            if framed is None:
+                return None
+            ref, body = framed
+        if body is None:
+            return None
+        schema = await self.client.schema(ref)
+        references = await self.client.references(schema) if schema.schema_type == AVRO else []
+        reader = schema.memo("console-reader", lambda s: _reader(s.id or 0, s, references))
+        return _jsonable(reader(body))
+
     async def aclose(self) -> None:
         await self.client.aclose()
 
@@ -400,6 +427,10 @@ class ValueDecoders:
         """Closes the registry clients' connections."""
         for registry in self._registries.values():
             await registry.aclose()
+
+    def readers(self) -> list[tuple[str, Callable[[bytes | None, bytes | None], Awaitable[Any]]]]:
+        """Each connection's name and its reader of record values (see :meth:`_Registry.read`)."""
+        return [(r.connection.name, r.read) for r in self._registries.values()]
 
     def decoder(self, name: str) -> Reader:
         """The value decoder of connection ``name`` (may raise :class:`MissingSchema`)."""

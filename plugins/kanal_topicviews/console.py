@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, Final
 
 import orjson
+from kanal_schemas import VALUE_HEADER
 from quart import request
 
 from kanal.api import (
@@ -24,6 +25,7 @@ from kanal.api import (
     GatewayServices,
     RecordSet,
     ResourceError,
+    ShownRecord,
     TopicReader,
     UpstreamError,
 )
@@ -155,10 +157,22 @@ def _fields(manifest: dict[str, Any] | None) -> dict[str, str]:
     }
 
 
+def _registry_decoder(read: Any) -> Any:
+    async def decode(record: ShownRecord) -> Any:
+        return await read(record.value, record.header(VALUE_HEADER))
+
+    return decode
+
+
 def add_pages(console: ConsolePages, services: GatewayServices) -> None:
-    """Registers the topic-view pages."""
+    """Registers the topic-view pages, and, for the topic page, a decoder of record values per schema
+    registry connection (``GATEWAY_EXTERNAL_CONNECTION_*``): Avro and JSON Schema values, named by a
+    schema id prefix or a ``__value_schema_id`` header (an id or a GUID)."""
     console.templates(TEMPLATES)
     kind = console.kinds.get(KIND)
+    decoders = ensure_runtime(services).decoders
+    for name, read in decoders.readers() if decoders is not None else ():
+        console.value_decoder(f"schema registry {name}", _registry_decoder(read))
 
     def stored() -> list[dict[str, Any]]:
         return sorted(console.store.resources(KIND), key=lambda m: str(m["metadata"]["name"]))

@@ -97,8 +97,7 @@ async def browse(
                     collected[tp], progressed[tp] = [], latest  # read the real tail instead
                     continue
             room = count - len(collected[tp]) if mode != "latest" else count
-            found = _records_of(topic, tp[1], records, wanted[tp], room, at_ms if mode == "time" else 0)
-            collected[tp].extend(found)
+            collected[tp].extend(_records_of(topic, tp[1], records, wanted[tp], room, at_ms if mode == "time" else 0))
             if len(collected[tp]) < count and wanted[tp] < next_offset < max(ends[tp], high):
                 progressed[tp] = next_offset
         wanted = progressed
