@@ -7,7 +7,7 @@ Public plugin API only (``kanal.api``):
   ``apply`` compiles the stored resources and installs the interceptor (``services.install``) while a
   policy targets this gateway;
 * ``kanal_admin_routes``: rule test, metrics, history, alerts, group-permitted writes, backtests;
-* ``kanal_console_pages``: the console's data-quality pages (policies, rules, alerts);
+* ``kanal_console_pages``: the console's data-quality pages (policies, rules, alerts, backtests);
 * ``kanal_gateway_services``: the history publisher and follower, alert delivery, and the observer of
   clusters without a gateway (on the fleet's leader);
 * ``kanal_cli_commands``: ``kanal test-rule`` and ``kanal dq backtest``.
@@ -84,17 +84,25 @@ def kanal_admin_resources(services: GatewayServices) -> list[ResourceKind]:
 @hookimpl
 def kanal_admin_routes(admin: AdminRoutes, services: GatewayServices) -> None:
     from kanal_dataquality.backtest_routes import add_backtest_routes
+    from kanal_dataquality.backtest_service import Backtests
     from kanal_dataquality.routes import add_routes
 
-    add_routes(admin, runtime_of(services), services.fleet)
-    add_backtest_routes(admin, runtime_of(services), services)
+    runtime = runtime_of(services)
+    add_routes(admin, runtime, services.fleet)
+    # kept on the runtime: the console's pages (added after the admin routes) show the same jobs
+    runtime.backtests = Backtests(admin.store, admin.kinds, runtime, services)
+    add_backtest_routes(admin, runtime.backtests)
 
 
 @hookimpl
 def kanal_console_pages(console: ConsolePages, services: GatewayServices) -> None:
+    from kanal_dataquality.backtest_service import Backtests
     from kanal_dataquality.console import add_pages
 
-    add_pages(console, runtime_of(services))
+    runtime = runtime_of(services)
+    if runtime.backtests is None:  # the admin routes build it first; a console without them still works
+        runtime.backtests = Backtests(console.store, console.kinds, runtime, services)
+    add_pages(console, runtime, runtime.backtests)
 
 
 @hookimpl

@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 import trio
@@ -31,6 +31,9 @@ from kanal_dataquality.policies import EMPTY, Engine, Plan, compile_policy
 from kanal_dataquality.resources import ALERT, POLICY, RULE, Checks
 from kanal_dataquality.rules import ENFORCE_AVRO, CompiledRule, RuleCompileError, compile_rule, enforce_avro
 from kanal_dataquality.settings import Settings
+
+if TYPE_CHECKING:
+    from kanal_dataquality.backtest_service import Backtests
 
 __all__ = ["RUNTIME", "SHADOW_STATUS", "WOULD_BLOCK", "Runtime", "compile_manifests"]
 
@@ -118,6 +121,8 @@ class Runtime:
         self.observed: dict[str, dict[str, int]] = {}
         self.engine_changed = trio.Event()  # set (and replaced) whenever the engine changes
         self.inline_policies = False  # an interceptor configured by hand (config file) reports here
+        # this node's backtests, shared by the admin API and the console (set by the admin routes hook)
+        self.backtests: Backtests | None = None
 
     async def aclose(self) -> None:
         """Stops the helper process (the gateway then does all the work, should a batch still come) and

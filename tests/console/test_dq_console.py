@@ -476,3 +476,28 @@ def test_a_read_only_user_sees_the_pages_and_changes_nothing(console_node: DqNod
     # the rule test changes nothing: every user may run it
     answer = viewer.post(f"/console/data-quality/rules/{rule}/test", data={"csrf": token, "value": '{"amount": 1}'})
     assert answer.status_code == 200 and "Passed" in answer.text
+
+
+def test_a_marked_record_shows_its_policy_on_the_topic_page(browser: Browser, console_node: DqNode) -> None:
+    """Spec 01: the topic page shows a marked record's policy badge, the Marking violations column and
+    the violation details (the marking header, written by a Mark policy through the gateway)."""
+    rule, name = unique("positive"), unique("marking")
+    topic = create_topic(console_node.broker, unique("marked"))
+    console_node.apply(cel_rule(rule))
+    manifest = policy(name, rule, topic, console_node.cluster)
+    manifest["spec"]["actions"] = {"mark": {"enabled": True}}
+    console_node.apply(manifest)
+    wait_for(lambda: console_node.policy(name).get("status", {}).get("status") == "Ready", what="the policy applied")
+    assert produce(console_node.process.bootstrap, topic, [GOOD, BAD]) == [None, None]
+    visit(browser, f"/console/topics/{topic}?mode=offset&offset=0")
+    rows = browser.wait(
+        lambda: len(browser.all("table.records tbody tr")) == 2 and browser.all("table.records tbody tr")
+    )
+    headings = [th.text for th in browser.all("table.records thead th")]
+    column = headings.index("Marking violations")
+    good, bad = (r.find_elements("css selector", "td") for r in rows)
+    assert good[column].text == "" and not rows[0].find_elements("css selector", ".badge")
+    assert bad[column].text.startswith(f"{name}: {rule}")
+    assert rows[1].find_element("css selector", ".badge").text == name  # the policy badge
+    assert rule in bad[column].find_element("css selector", "details pre").get_attribute("textContent")
+    browser.screenshot("topic-marked")

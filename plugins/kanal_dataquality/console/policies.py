@@ -1,5 +1,7 @@
 """The policies pages: the list, a policy's page (its counts, chart and history, live), the policy
-form, and the actions (Block behind a typed BLOCK / UNBLOCK, Mark with one button).
+form, and the actions (Block behind a typed BLOCK / UNBLOCK, Mark with one button). An admin starts a
+backtest of a policy from its page, and of a draft from the policy form (the job's own pages are
+:mod:`kanal_dataquality.console.backtests`).
 
 The figures are the admin API's (``/gateway/v2/data-quality/policies/<name>/metrics`` and
 ``/violations``): the same :class:`~kanal_dataquality.history.History` queries over the same ranges,
@@ -15,6 +17,9 @@ from typing import Any
 from quart import request
 
 from kanal.api import ConsolePages, Manifest, ResourceError, ResourceKind, Status
+from kanal_dataquality.backtest import DEFAULT_LATEST
+from kanal_dataquality.backtest_service import Backtests
+from kanal_dataquality.console.backtests import backtest_fields, first_topic, start_from_form
 from kanal_dataquality.console.forms import (
     BLOCK_WORD,
     RULE_PREFIX,
@@ -82,7 +87,7 @@ def actions_of(manifest: Manifest) -> dict[str, bool]:
     }
 
 
-def add_policy_pages(console: ConsolePages, runtime: Runtime) -> None:
+def add_policy_pages(console: ConsolePages, runtime: Runtime, backtests: Backtests) -> None:
     store = console.store
     history = runtime.history
 
@@ -137,7 +142,14 @@ def add_policy_pages(console: ConsolePages, runtime: Runtime) -> None:
             if m["spec"].get("policyName") == name
         ]
 
-    def render_detail(name: str, manifest: Manifest, status: int = 200, action_error: str | None = None) -> Any:
+    def render_detail(
+        name: str,
+        manifest: Manifest,
+        status: int = 200,
+        action_error: str | None = None,
+        backtest: Mapping[str, str] | None = None,
+        backtest_error: str | None = None,
+    ) -> Any:
         range_name = _range()
         rules = [linked_rule(r) for r in manifest["spec"].get("rules") or []]
         return console.render(
@@ -154,6 +166,8 @@ def add_policy_pages(console: ConsolePages, runtime: Runtime) -> None:
             action_error=action_error,
             block_word=BLOCK_WORD,
             unblock_word=UNBLOCK_WORD,
+            backtest=backtest or backtest_fields(manifest),
+            backtest_error=backtest_error,
         )
 
     def not_found(name: str) -> Any:
@@ -162,7 +176,11 @@ def add_policy_pages(console: ConsolePages, runtime: Runtime) -> None:
         )
 
     def render_form(
-        current: Manifest | None, fields: Mapping[str, Any], status: int = 200, error: str | None = None
+        current: Manifest | None,
+        fields: Mapping[str, Any],
+        status: int = 200,
+        error: str | None = None,
+        backtest: Mapping[str, str] | None = None,
     ) -> Any:
         name = current["metadata"]["name"] if current is not None else None
         return console.render(
@@ -175,7 +193,18 @@ def add_policy_pages(console: ConsolePages, runtime: Runtime) -> None:
             rule_prefix=RULE_PREFIX,
             gateway_cluster=runtime.gateway_cluster,
             error=error,
+            backtest=backtest or {"topic": "", "latest": str(DEFAULT_LATEST)},
         )
+
+    async def backtest_draft(current: Manifest | None, form: Mapping[str, str], manifest: Manifest) -> Any:
+        """The policy form's "Backtest this draft": the form's policy, validated as saving it would be
+        but not saved, over the latest records of a topic (by default its first target topic)."""
+        fields = {**draft_policy_fields(form), **({"name": current["metadata"]["name"]} if current else {})}
+        try:
+            return await start_from_form(console, backtests, form, manifest, first_topic(manifest))
+        except ResourceError as exc:
+            shown = {"topic": form.get("topic") or "", "latest": form.get("latest") or ""}
+            return render_form(current, fields, exc.status, exc.msg, shown)
 
     @console.page("data-quality/policies", "Data quality")
     async def dq_policies() -> Any:
@@ -226,6 +255,8 @@ def add_policy_pages(console: ConsolePages, runtime: Runtime) -> None:
             return render_form(None, policy_fields(None, runtime.gateway_cluster))
         form = await console.form()
         manifest = policy_manifest(form, None, runtime.gateway_cluster)
+        if form.get("backtest"):
+            return await backtest_draft(None, form, manifest)
         name = manifest["metadata"]["name"]
         if name and store.get(POLICY, (name,)) is not None:
             error = f"A policy named {name!r} exists already: open it to edit it, or choose another name."
@@ -246,8 +277,11 @@ def add_policy_pages(console: ConsolePages, runtime: Runtime) -> None:
         if request.method == "GET":
             return render_form(current, policy_fields(current, runtime.gateway_cluster))
         form = await console.form()
+        manifest = policy_manifest(form, current, runtime.gateway_cluster, name)
+        if form.get("backtest"):
+            return await backtest_draft(current, form, manifest)
         try:
-            change = await store.put(kind(), policy_manifest(form, current, runtime.gateway_cluster, name))
+            change = await store.put(kind(), manifest)
         except ResourceError as exc:
             return render_form(current, {**draft_policy_fields(form), "name": name}, exc.status, exc.msg)
         if change.result == "NOT_CHANGED":
@@ -288,3 +322,18 @@ def add_policy_pages(console: ConsolePages, runtime: Runtime) -> None:
             return not_found(name)
         form = await console.form()
         return await switch(name, manifest, "mark", form.get("enable") == "true")
+
+    @console.page("data-quality/policies/<name>/backtest", methods=["POST"])
+    async def dq_policy_backtest(name: str) -> Any:
+        """Starts a backtest of the stored policy (admins only, as the API's) and shows its page; a
+        refused request shows the policy page again with the form as typed and the API's reason."""
+        manifest = store.get(POLICY, (name,))
+        if manifest is None:
+            return not_found(name)
+        form = await console.form()
+        try:
+            return await start_from_form(console, backtests, form, name, first_topic(manifest))
+        except ResourceError as exc:
+            return render_detail(
+                name, manifest, exc.status, backtest=backtest_fields(manifest, form), backtest_error=exc.msg
+            )
