@@ -17,17 +17,14 @@ by :class:`~kanal_dataquality.backtest_service.Backtests` (the console's pages s
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
-
-import orjson
 import trio
 from quart import Response, request
 
-from kanal.api import AdminRoutes, invalid
+from kanal.api import AdminRoutes
 from kanal_dataquality.backtest import parse_request
 from kanal_dataquality.backtest_service import Backtests, stored_topic
 from kanal_dataquality.resources import POLICY
+from kanal_dataquality.routes import json_body, json_response
 
 __all__ = ["add_backtest_routes", "stored_topic"]
 
@@ -36,23 +33,6 @@ PREFIX = "/gateway/v2/data-quality/backtest"
 WAIT_MARGIN = 30.0
 #: How long a DELETE waits for a cancelled backtest to stop (it stops at its next record batch).
 CANCEL_WAIT = 10.0
-
-
-def _json(body: Any, status: int = 200, headers: Mapping[str, str] | None = None) -> Response:
-    response = Response(orjson.dumps(body, option=orjson.OPT_INDENT_2), status, content_type="application/json")
-    for name, value in (headers or {}).items():
-        response.headers[name] = value
-    return response
-
-
-async def _body() -> Any:
-    data = await request.get_data()
-    if not data or not data.strip():
-        raise invalid("a JSON body is required")
-    try:
-        return orjson.loads(data)
-    except orjson.JSONDecodeError:
-        raise invalid("the body is not valid JSON") from None
 
 
 def add_backtest_routes(admin: AdminRoutes, backtests: Backtests) -> None:
@@ -64,7 +44,7 @@ def add_backtest_routes(admin: AdminRoutes, backtests: Backtests) -> None:
     async def dq_backtest_start() -> Response:
         """Start a backtest of a stored or draft data quality policy over a range of a topic's records
         (admins only); ?wait=true answers once it has finished."""
-        wanted = parse_request(await _body())
+        wanted = parse_request(await json_body())
         user = admin.current_user()
         job = await backtests.start(wanted, user.username if user is not None else None)
         admin.audit("BACKTEST", kind=POLICY, resourceName=job.policy.name, topic=wanted.topic, backtest=job.id)
@@ -72,7 +52,7 @@ def add_backtest_routes(admin: AdminRoutes, backtests: Backtests) -> None:
             with trio.move_on_after(wanted.max_seconds + WAIT_MARGIN):
                 await job.done.wait()
         status = 200 if job.done.is_set() else 202
-        return _json(job.as_json(), status, {"Location": f"{PREFIX}/{job.id}"})
+        return json_response(job.as_json(), status, {"Location": f"{PREFIX}/{job.id}"})
 
     @admin.route(PREFIX, methods=["GET"], read_only=False)
     async def dq_backtest_list() -> Response:
@@ -87,12 +67,12 @@ def add_backtest_routes(admin: AdminRoutes, backtests: Backtests) -> None:
                 }
                 | {"recordsRead": full["progress"]["recordsRead"], "violations": full["progress"]["violations"]}
             )
-        return _json(out)
+        return json_response(out)
 
     @admin.route(f"{PREFIX}/<job_id>", methods=["GET"], read_only=False)
     async def dq_backtest_get(job_id: str) -> Response:
         """One backtest: its progress and, once finished, its report (admins only)."""
-        return _json(find(job_id).as_json())
+        return json_response(find(job_id).as_json())
 
     @admin.route(f"{PREFIX}/<job_id>", methods=["DELETE"], read_only=False)
     async def dq_backtest_cancel(job_id: str) -> Response:
@@ -104,4 +84,4 @@ def add_backtest_routes(admin: AdminRoutes, backtests: Backtests) -> None:
         job.cancel()
         with trio.move_on_after(CANCEL_WAIT):
             await job.done.wait()
-        return _json(job.as_json())
+        return json_response(job.as_json())

@@ -40,11 +40,16 @@ __all__ = ["add_routes"]
 PREFIX = "/gateway/v2/data-quality"
 
 
-def _json(body: Any, status: int = 200) -> Response:
-    return Response(orjson.dumps(body, option=orjson.OPT_INDENT_2), status, content_type="application/json")
+def json_response(body: Any, status: int = 200, headers: Mapping[str, str] | None = None) -> Response:
+    """A JSON answer of the plugin's routes (indented, as the core's admin API answers)."""
+    response = Response(orjson.dumps(body, option=orjson.OPT_INDENT_2), status, content_type="application/json")
+    for name, value in (headers or {}).items():
+        response.headers[name] = value
+    return response
 
 
-async def _body() -> Any:
+async def json_body() -> Any:
+    """The request's JSON (or YAML) body; 400 when it is missing or unreadable."""
     data = await request.get_data()
     if not data or not data.strip():
         raise invalid("a JSON body is required")
@@ -84,7 +89,7 @@ def add_routes(admin: AdminRoutes, runtime: Runtime, fleet: Fleet) -> None:
     @admin.route(f"{PREFIX}/test-rule", methods=["POST"], read_only=True)
     async def dq_test_rule() -> Response:
         """Test a data quality rule (by name or inline) on a sample key, value and headers."""
-        body = await _body()
+        body = await json_body()
         if not isinstance(body, Mapping):
             raise invalid("the body must be a JSON object {rule, key, value, headers}")
         spec = body.get("rule")
@@ -98,19 +103,21 @@ def add_routes(admin: AdminRoutes, runtime: Runtime, fleet: Fleet) -> None:
                     spec
                 )
                 if rule is None:
-                    return _json({"result": ERROR, "message": f"rule {spec!r} does not compile on this gateway"})
+                    return json_response(
+                        {"result": ERROR, "message": f"rule {spec!r} does not compile on this gateway"}
+                    )
         elif isinstance(spec, Mapping):
             try:
                 rule = compile_for_test(spec)
             except RuleCompileError as exc:
-                return _json({"result": ERROR, "message": str(exc)})
+                return json_response({"result": ERROR, "message": str(exc)})
         else:
             raise invalid("rule is required: a rule name, or an inline rule {type, celExpression | schema}")
         try:
             answer = await run_test(rule, body, runtime.registry)
         except SampleError as exc:
             raise invalid(str(exc)) from None
-        return _json({"rule": rule.name, **{k: v for k, v in answer.items() if v is not None}})
+        return json_response({"rule": rule.name, **{k: v for k, v in answer.items() if v is not None}})
 
     def shadow_enabled(name: str) -> bool:
         manifest = store.get(POLICY, (name,)) or {}
@@ -148,7 +155,7 @@ def add_routes(admin: AdminRoutes, runtime: Runtime, fleet: Fleet) -> None:
             if shadow is not None:
                 item["wouldHaveBlocked"] = shadow["wouldHaveBlocked"]
             out.append(item)
-        return _json(out)
+        return json_response(out)
 
     @admin.route(f"{PREFIX}/policies/<name>/metrics", methods=["GET"])
     async def dq_policy_metrics(name: str) -> Response:
@@ -174,7 +181,7 @@ def add_routes(admin: AdminRoutes, runtime: Runtime, fleet: Fleet) -> None:
                 current = answer["status"].get("message")
                 keep = current if current and current != SHADOW_STATUS else None
                 answer["status"] = {**answer["status"], "message": f"{keep}; {text}" if keep else text}
-        return _json(answer)
+        return json_response(answer)
 
     @admin.route(f"{PREFIX}/policies/<name>/violations", methods=["GET"])
     async def dq_policy_violations(name: str) -> Response:
@@ -187,12 +194,12 @@ def add_routes(admin: AdminRoutes, runtime: Runtime, fleet: Fleet) -> None:
             raise invalid("limit must be an integer") from None
         if not 1 <= limit <= 10_000:
             raise invalid("limit must be between 1 and 10000")
-        return _json(runtime.history.violations(name, seconds, limit))
+        return json_response(runtime.history.violations(name, seconds, limit))
 
     @admin.route(f"{PREFIX}/alerts", methods=["GET"])
     async def dq_alerts() -> Response:
         """Every data quality alert and whether it is firing."""
-        return _json(runtime.alerts.describe())
+        return json_response(runtime.alerts.describe())
 
     def observer_enabled() -> bool:
         return bool(runtime.settings.clusters) and runtime.settings.observer
@@ -202,7 +209,7 @@ def add_routes(admin: AdminRoutes, runtime: Runtime, fleet: Fleet) -> None:
         """Partitions of clusters without a gateway that this node observes, with the next offset to read
         (none on a node that does not lead its fleet; the Kanal-Observer-Node header names the one that
         does)."""
-        response = _json(runtime.observed if runtime.observing else {})
+        response = json_response(runtime.observed if runtime.observing else {})
         leader = fleet.leader
         if observer_enabled() and leader is not None:
             response.headers[OBSERVER_HEADER] = leader.node_id
@@ -214,7 +221,7 @@ def add_routes(admin: AdminRoutes, runtime: Runtime, fleet: Fleet) -> None:
         leader), and the last checkpoint of each cluster."""
         leader = fleet.leader
         checkpoints = runtime.history.checkpoints.last
-        return _json(
+        return json_response(
             {
                 "enabled": observer_enabled(),
                 "observing": runtime.observing,
@@ -243,7 +250,7 @@ def add_routes(admin: AdminRoutes, runtime: Runtime, fleet: Fleet) -> None:
         kind = admin.kinds.get(paths.get(path, ""))
         if kind is None:
             raise ResourceError(404, "Not found", f"no data quality resource kind at {path!r}")
-        body = await _body()
+        body = await json_body()
         current = None
         if isinstance(body, Mapping) and isinstance(body.get("metadata"), Mapping):
             current = store.get(kind.kind, kind.key_of(body["metadata"]))
@@ -252,7 +259,7 @@ def add_routes(admin: AdminRoutes, runtime: Runtime, fleet: Fleet) -> None:
         change = await store.put(kind, body, dry_run=dry)
         if not dry and change.result != "NOT_CHANGED":
             admin.audit("UPSERT", kind=kind.kind, resourceName=change.key[0], result=change.result)
-        return _json({"resource": change.resource, "upsertResult": change.result})
+        return json_response({"resource": change.resource, "upsertResult": change.result})
 
     @admin.route(f"{PREFIX}/<path>/<name>", methods=["DELETE"], read_only=True)
     async def dq_delete(path: str, name: str) -> Response:
