@@ -84,6 +84,7 @@ def _add_console(api: AdminApi, gateway: GatewayHost) -> None:
     """The web console on the same app: the core's pages, then the plugins' (kanal_console_pages)."""
     from kanal.admin.console.app import Console
     from kanal.admin.console.gateway_pages import add_gateway_pages
+    from kanal.admin.console.identity_pages import add_identity_pages
     from kanal.admin.console.metrics_history import MetricsHistory
     from kanal.admin.console.topics_page import add_topic_pages
 
@@ -93,6 +94,7 @@ def _add_console(api: AdminApi, gateway: GatewayHost) -> None:
     add_gateway_pages(console, gateway, history, time.time())
     client = gateway.services_for("console")
     add_topic_pages(console, lambda: client.kafka, console.record_columns, console.value_decoders)
+    add_identity_pages(console, gateway)
     gateway.registry.call_each("kanal_console_pages", gateway.services_for, console=console)
 
 
