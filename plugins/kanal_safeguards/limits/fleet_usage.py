@@ -51,7 +51,7 @@ from kanal_safeguards.limits.shares import (
     usable_reports,
 )
 
-__all__ = ["TOPIC_SETTING", "FleetLimits", "SharedLimit", "fleet_limits", "usage_topic"]
+__all__ = ["TOPIC_SETTING", "FleetLimits", "SharedLimit", "fleet_limits", "installed_limits", "usage_topic"]
 
 log = logging.getLogger(__name__)
 
@@ -492,3 +492,10 @@ def fleet_limits(services: GatewayServices) -> FleetLimits:
     services.metrics.register(_ShareMetrics(limits))
     services.start_soon(limits.run, name="fleet-wide limits")
     return limits
+
+
+def installed_limits(services: GatewayServices) -> list[SharedLimit]:
+    """The limiters of this gateway's installed interceptors (none before the first): the console
+    reads their shares here, without making the :class:`FleetLimits` nor starting its task."""
+    limits = services.shared.get(_SHARED)
+    return list(limits.limits) if isinstance(limits, FleetLimits) else []

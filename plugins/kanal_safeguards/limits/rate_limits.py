@@ -53,6 +53,7 @@ __all__ = [
     "ConsumerRateLimiting",
     "LimitBy",
     "ProducerRateLimiting",
+    "counted_bytes",
 ]
 
 _ACTIONS = frozenset({Action.BLOCK, Action.INFO})
@@ -126,6 +127,21 @@ def _counted(services: GatewayServices) -> Counter:
         )
     counter: Counter = shared["rate_limits.counted"]
     return counter
+
+
+def counted_bytes(services: GatewayServices) -> dict[str, float]:
+    """The bytes counted since the gateway started, by interceptor type (``kanal_rate_limit_bytes_total``),
+    read from the counter itself (not the whole registry): the console's figures. Empty before the
+    first limiter."""
+    counter = services.shared.get("rate_limits.counted")
+    if not isinstance(counter, Counter):
+        return {}
+    return {
+        sample.labels["plugin"]: sample.value
+        for metric in counter.collect()
+        for sample in metric.samples
+        if sample.name.endswith("_total")
+    }
 
 
 class _ByteRateLimit(SafeguardInterceptor):

@@ -45,6 +45,12 @@ class SlidingWindow:
         """The limit ``key`` is held to now."""
         return self._limits.get(key, self.limit)
 
+    def recent(self) -> int:
+        """The events counted in the last window, all keys together, at most the declared limit per
+        key (what is kept): the console's figure, never asked on the hot path."""
+        horizon = self.clock() - self.seconds
+        return sum(sum(1 for at in times if at > horizon) for times in list(self._times.values()))
+
     def full(self, key: Hashable) -> bool:
         """Whether one more event of ``key`` now would be over the limit."""
         limit = self._limits.get(key, self.limit)

@@ -40,7 +40,7 @@ from kanal.api import (
     nested,
 )
 
-__all__ = ["MAX_SERIES", "Chargeback", "ChargebackConfig"]
+__all__ = ["MAX_SERIES", "Chargeback", "ChargebackConfig", "counted_usage"]
 
 log = logging.getLogger(__name__)
 
@@ -116,6 +116,16 @@ def _totals(services: GatewayServices) -> _Totals:
         services.metrics.register(totals)
     assert isinstance(totals, _Totals)
     return totals
+
+
+def counted_usage(services: GatewayServices) -> dict[tuple[str, str, str, str, str], tuple[int, int]]:
+    """What the chargeback interceptors counted since the gateway started: (direction, principal,
+    virtual cluster, topic, client id) -> (bytes, requests), a copy (the console pages through it).
+    Empty before the first chargeback interceptor."""
+    totals = services.shared.get(_TOTALS)
+    if not isinstance(totals, _Totals):
+        return {}
+    return {key: (counts[0], counts[1]) for key, counts in list(totals.counts.items())}
 
 
 def _owner(connection: Connection, topic: str, client_id: str | None) -> _Owner:
