@@ -9,6 +9,7 @@ import os
 import re
 import shutil
 import tempfile
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -16,6 +17,7 @@ from typing import Any
 import httpx
 import pytest
 from selenium import webdriver
+from selenium.common.exceptions import StaleElementReferenceException
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webdriver import WebDriver
@@ -83,7 +85,14 @@ def notes_plugin(root: Path) -> Path:
 def console_node(tansu: TansuBroker, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ConsoleNode]:
     """A gateway with admin and read-only users and the guide's notes page installed."""
     plugin = notes_plugin(tmp_path_factory.mktemp("console-notes"))
-    env = {**tansu.gateway_settings(), "GATEWAY_ADMIN_API_USERS": USERS, "PYTHONPATH": str(plugin)}
+    # A cluster id of its own: the interceptors these tests store stay in its own state topic, not in
+    # the one every later test gateway of the session (cluster id "gateway") would load.
+    env = {
+        **tansu.gateway_settings(),
+        "GATEWAY_ADMIN_API_USERS": USERS,
+        "GATEWAY_CLUSTER_ID": f"console-{uuid.uuid4().hex[:8]}",
+        "PYTHONPATH": str(plugin),
+    }
     process = GatewayProcess(env, log_path=tmp_path_factory.mktemp("console") / "gateway.log")
     process.start(timeout=30)
     try:
@@ -109,7 +118,10 @@ class Browser:
         return list(self.driver.find_elements(By.CSS_SELECTOR, css))
 
     def wait(self, condition: Any, timeout: float = 15, what: str = "") -> Any:
-        return WebDriverWait(self.driver, timeout).until(lambda _: condition(), message=what)
+        """Waits for ``condition()``; an element a live region or a navigation replaced meanwhile
+        only means "not yet"."""
+        wait = WebDriverWait(self.driver, timeout, ignored_exceptions=(StaleElementReferenceException,))
+        return wait.until(lambda _: condition(), message=what)
 
     def log_in(self, user: tuple[str, str] = ADMIN) -> None:
         self.open("/console/login")

@@ -138,11 +138,11 @@ def submit(browser: Browser, css: str) -> None:
 
 
 def _stale(element: Any) -> bool:
-    from selenium.common.exceptions import StaleElementReferenceException
+    from selenium.common.exceptions import WebDriverException
 
     try:
         element.is_enabled()
-    except StaleElementReferenceException:
+    except WebDriverException:  # stale, or its document is being replaced (the navigation is under way)
         return True
     return False
 
